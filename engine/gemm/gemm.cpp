@@ -1,0 +1,186 @@
+// The GEMM driver: BLIS's five loops around the micro-kernel.
+//
+//   JC (NC columns of C) -> PC (KC-deep slice of k, in order) -> B block packed
+//   -> IC (MC rows, in parallel) -> pack A block -> JR (NR) -> IR (MR) -> kernel
+//
+// Threads split the (IC block, group of JR panels) grid of one (JC, PC) step;
+// every C element is still summed over k in the same order (gemm.hpp).
+#include "engine/gemm/gemm.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include <tbb/blocked_range2d.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include "engine/arch/scratch.hpp"
+#include "engine/gemm/pack.hpp"
+
+namespace kvhead::engine {
+namespace {
+
+std::size_t round_up(std::size_t value, std::size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw std::invalid_argument("gemm: " + message);
+}
+
+void validate_operand(const char* name, gemm_operand operand, std::size_t rows, std::size_t cols) {
+  // op(X) is rows x cols; X in memory is that or its transpose, row-major.
+  if (rows == 0 || cols == 0) return;
+  require(operand.data != nullptr, std::string(name) + " is null");
+  const std::size_t row_length = operand.trans == transpose::no ? cols : rows;
+  require(operand.ld >= row_length, std::string("leading dimension of ") + name + " (" +
+                                        std::to_string(operand.ld) + ") is smaller than its row length (" +
+                                        std::to_string(row_length) + ")");
+}
+
+void validate_c(const float* c, std::size_t ldc, std::size_t m, std::size_t n) {
+  if (m == 0 || n == 0) return;
+  require(c != nullptr, "C is null");
+  require(ldc >= n, "ldc (" + std::to_string(ldc) + ") is smaller than n (" + std::to_string(n) + ")");
+}
+
+// Runs body(i) for i in [0, count): in parallel when the step is worth it.
+// Which thread runs an index never changes what it computes.
+template <class Body>
+void for_each_index(std::size_t count, double flops, const Body& body) {
+  constexpr double serial_below_flops = 2e6;  // ~20 us: below this, task overhead dominates
+  if (count < 2 || flops < serial_below_flops || tbb::this_task_arena::max_concurrency() < 2) {
+    for (std::size_t i = 0; i < count; ++i) body(i);
+    return;
+  }
+  tbb::parallel_for(std::size_t{0}, count, body);
+}
+
+void run_tile(const gemm_config& config, microkernel_params params, std::size_t rows, std::size_t cols) {
+  if (rows == config.mr && cols == config.nr) {
+    config.microkernel(params);
+    return;
+  }
+  // Edge tile: the same kernel on a padded copy of C.
+  alignas(aligned_buffer::alignment) float tile[max_tile_floats] = {};
+  float* const c = params.c;
+  const std::size_t ldc = params.ldc;
+  if (params.beta != 0.0f)
+    for (std::size_t row = 0; row < rows; ++row)
+      std::copy(c + row * ldc, c + row * ldc + cols, tile + row * config.nr);
+  params.c = tile;
+  params.ldc = config.nr;
+  config.microkernel(params);
+  for (std::size_t row = 0; row < rows; ++row)
+    std::copy(tile + row * config.nr, tile + row * config.nr + cols, c + row * ldc);
+}
+
+// One (JC, PC) step: C[:, col0 : col0+cols] (+)= alpha * op(A)[:, k0 : k0+depth] * B_block,
+// B_block packed as ceil(cols / NR) panels of depth x NR.
+void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_operand a,
+                    std::size_t k0, std::size_t depth, const float* b_panels, std::size_t col0,
+                    std::size_t cols, float beta, float* c, std::size_t ldc) {
+  const std::size_t row_blocks = ceil_div(m, config.mc);
+  const std::size_t panels = ceil_div(cols, config.nr);
+  // Aim for ~4 tasks per thread; split columns only when rows alone are too few.
+  const std::size_t threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
+  const std::size_t panel_groups = std::clamp<std::size_t>(ceil_div(4 * threads, row_blocks), 1, panels);
+  const std::size_t panels_per_group = ceil_div(panels, panel_groups);
+  const std::size_t groups = ceil_div(panels, panels_per_group);
+
+  auto run_task = [&](std::size_t task) {
+    const std::size_t row_block = task / groups, group = task % groups;
+    const std::size_t row0 = row_block * config.mc;
+    const std::size_t rows = std::min(config.mc, m - row0);
+    scratch_lease a_packed(round_up(rows, config.mr) * depth);
+    pack_a(a, row0, rows, k0, depth, config.mr, a_packed.data());
+
+    const std::size_t panel_end = std::min(panels, (group + 1) * panels_per_group);
+    for (std::size_t panel = group * panels_per_group; panel < panel_end; ++panel) {
+      const std::size_t col = panel * config.nr;
+      const std::size_t tile_cols = std::min(config.nr, cols - col);
+      for (std::size_t row = 0; row < rows; row += config.mr) {
+        const microkernel_params params{a_packed.data() + row * depth,
+                                        b_panels + panel * depth * config.nr,
+                                        config.nr,
+                                        depth,
+                                        alpha,
+                                        beta,
+                                        c + (row0 + row) * ldc + col0 + col,
+                                        ldc};
+        run_tile(config, params, std::min(config.mr, rows - row), tile_cols);
+      }
+    }
+  };
+  for_each_index(row_blocks * groups, 2.0 * double(m) * double(cols) * double(depth), run_task);
+}
+
+// The JC and PC loops; block(col0, cols, k0, depth) yields the packed B block.
+template <class PackedBlock>
+void multiply(const gemm_config& config, std::size_t m, std::size_t n, std::size_t k, float alpha,
+              gemm_operand a, float beta, float* c, std::size_t ldc, const PackedBlock& block) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (std::size_t row = 0; row < m; ++row)
+      for (std::size_t col = 0; col < n; ++col)
+        c[row * ldc + col] = beta == 0.0f ? 0.0f : beta * c[row * ldc + col];
+    return;
+  }
+  for (std::size_t col0 = 0; col0 < n; col0 += config.nc) {
+    const std::size_t cols = std::min(config.nc, n - col0);
+    for (std::size_t k0 = 0; k0 < k; k0 += config.kc) {
+      const std::size_t depth = std::min(config.kc, k - k0);
+      multiply_block(config, m, alpha, a, k0, depth, block(col0, cols, k0, depth), col0, cols,
+                     k0 == 0 ? beta : 1.0f, c, ldc);
+    }
+  }
+}
+
+}  // namespace
+
+void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float beta, float* c,
+          std::size_t ldc, simd_path path) {
+  validate_operand("A", a, shape.m, shape.k);
+  validate_operand("B", b, shape.k, shape.n);
+  validate_c(c, ldc, shape.m, shape.n);
+  const gemm_config config = gemm_config_for(path);
+  scratch_lease b_packed(round_up(std::min(shape.n, config.nc), config.nr) * std::min(shape.k, config.kc));
+  auto pack_block = [&](std::size_t col0, std::size_t cols, std::size_t k0, std::size_t depth) {
+    const std::size_t panels = ceil_div(cols, config.nr);
+    for_each_index(panels, double(shape.m == 0 ? 0 : cols * depth) * 2.0, [&](std::size_t panel) {
+      const std::size_t col = panel * config.nr;
+      pack_b(b, k0, depth, col0 + col, std::min(config.nr, cols - col), config.nr,
+             b_packed.data() + panel * depth * config.nr);
+    });
+    return static_cast<const float*>(b_packed.data());
+  };
+  multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, pack_block);
+}
+
+packed_b::packed_b(std::size_t k, std::size_t n, gemm_operand b, simd_path path)
+    : k_(k), n_(n), path_(path), config_(gemm_config_for(path)) {
+  validate_operand("B", b, k, n);
+  const std::size_t padded_n = round_up(n, config_.nr);
+  float* panels = panels_.reserve(std::max<std::size_t>(1, padded_n * k));
+  for (std::size_t k0 = 0; k0 < k; k0 += config_.kc)
+    pack_b(b, k0, std::min(config_.kc, k - k0), 0, n, config_.nr, panels + k0 * padded_n);
+}
+
+const float* packed_b::block(std::size_t k_block) const {
+  return panels_.data() + k_block * config_.kc * round_up(n_, config_.nr);
+}
+
+void gemm(std::size_t m, float alpha, gemm_operand a, const packed_b& b, float beta, float* c,
+          std::size_t ldc) {
+  validate_operand("A", a, m, b.k());
+  validate_c(c, ldc, m, b.n());
+  const gemm_config& config = b.config();
+  auto prepacked_block = [&](std::size_t col0, std::size_t, std::size_t k0, std::size_t depth) {
+    return b.block(k0 / config.kc) + (col0 / config.nr) * depth * config.nr;
+  };
+  multiply(config, m, b.n(), b.k(), alpha, a, beta, c, ldc, prepacked_block);
+}
+
+}  // namespace kvhead::engine

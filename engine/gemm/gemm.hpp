@@ -1,0 +1,77 @@
+// Single-precision GEMM, row-major:  C = alpha * op(A) * op(B) + beta * C
+//
+//   op(A) is m x k: A itself (a[i*lda + p], lda >= k) or, transposed, A is
+//         k x m (a[p*lda + i], lda >= m);
+//   op(B) is k x n: B itself (b[p*ldb + j], ldb >= n) or, transposed, B is
+//         n x k (b[j*ldb + p], ldb >= k);
+//   C     is m x n (c[i*ldc + j], ldc >= n).
+// m or n = 0 does nothing; k = 0 gives C = beta * C; beta = 0 overwrites C
+// (NaN in the old C never reaches the result). C must not overlap A or B.
+// Bad arguments (a leading dimension too small, a null pointer with a
+// non-empty shape) throw std::invalid_argument naming the argument.
+//
+// Structure (BLIS): pack panels of A and B, sweep them with the register
+// micro-kernel (microkernel.hpp), blocks sized per ISA (blocking.hpp). Work is
+// split over blocks of C with oneTBB, in the caller's task_arena.
+//
+// Determinism. Element C(i, j) is computed as: for each KC-block of k in
+// increasing order, acc = sum over the block by fused multiply-add in
+// increasing k, then C = alpha * acc + beta' * C, where beta' is beta for the
+// first block and 1 after. KC is fixed per ISA. So on one SIMD path, C(i, j)
+// depends only on row i of op(A), column j of op(B), alpha, beta and C(i, j):
+// bit-identical whatever m, n, the other rows, the thread count, or whether B
+// was pre-packed. (Different paths round differently: sse2 has no FMA.)
+#pragma once
+
+#include <cstddef>
+
+#include "engine/arch/aligned_buffer.hpp"
+#include "engine/gemm/blocking.hpp"
+#include "kvhead/config.hpp"
+
+namespace kvhead::engine {
+
+enum class transpose : bool { no = false, yes = true };
+
+/// A row-major operand: element (row, col) of op(X) at the index below.
+struct gemm_operand {
+  const float* data;
+  std::size_t ld;
+  transpose trans;
+};
+
+struct gemm_shape {
+  std::size_t m, n, k;
+};
+
+void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float beta, float* c,
+          std::size_t ldc, simd_path path = active_simd_path());
+
+/// op(B) (k x n) packed once into micro-panels for one SIMD path, to be
+/// applied to many A (weight matrices). Holds its own copy: B may be freed.
+class packed_b {
+ public:
+  packed_b(std::size_t k, std::size_t n, gemm_operand b, simd_path path = active_simd_path());
+
+  std::size_t k() const { return k_; }
+  std::size_t n() const { return n_; }
+  simd_path path() const { return path_; }
+  const gemm_config& config() const { return config_; }
+
+  /// The packed KC x n block starting at row k_block * KC: a sequence of
+  /// micro-panels of (rows x NR) floats.
+  const float* block(std::size_t k_block) const;
+
+ private:
+  std::size_t k_, n_;
+  simd_path path_;
+  gemm_config config_;
+  aligned_buffer panels_;
+};
+
+/// C = alpha * op(A) * B + beta * C with a pre-packed B (m x k times k x n).
+/// Same arithmetic, so the same bits, as gemm() with the unpacked B.
+void gemm(std::size_t m, float alpha, gemm_operand a, const packed_b& b, float beta, float* c,
+          std::size_t ldc);
+
+}  // namespace kvhead::engine

@@ -1,0 +1,36 @@
+// kvhead: library-wide configuration — version and the SIMD path in use.
+//
+// kvhead picks its SIMD path once, at the first call that needs it:
+//   avx512  AVX-512 F/CD/DQ/BW (xsimd::avx512bw), when the CPU has it AND the
+//           OS saves the AVX-512 register state (XCR0), so a host that hides
+//           AVX-512 never gets SIGILL;
+//   avx2    AVX2 + FMA (xsimd::fma3<xsimd::avx2>);
+//   sse2    the portable fallback every x86-64 CPU runs.
+// The environment variable KVHEAD_ISA=avx512|avx2|sse2 forces a lower path (to
+// test a path end to end, or to reproduce results across machines). Asking for
+// a path this CPU cannot run, or for an unknown name, is an error: the call
+// that needs the path throws std::runtime_error naming the problem.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kvhead {
+
+/// Library version, "major.minor.patch".
+const char* version();
+
+/// The SIMD instruction-set paths kvhead is compiled for, best first.
+enum class simd_path { avx512, avx2, sse2 };
+
+/// "avx512", "avx2" or "sse2".
+const char* to_string(simd_path path);
+
+/// The path kvhead uses (best supported, or KVHEAD_ISA). Throws
+/// std::runtime_error when KVHEAD_ISA is unknown or above what the CPU runs.
+simd_path active_simd_path();
+
+/// Every path this CPU and OS can run, best first (sse2 is always last).
+std::vector<simd_path> supported_simd_paths();
+
+}  // namespace kvhead

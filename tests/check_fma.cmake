@@ -1,0 +1,21 @@
+# Counts vfmadd instructions on zmm registers in the object file of the
+# AVX-512 kernels; fails when there are none.
+foreach(object IN LISTS OBJECTS)
+  if(object MATCHES "/${PATTERN}\\.cpp\\.o$")
+    set(target_object "${object}")
+  endif()
+endforeach()
+if(NOT target_object)
+  message(FATAL_ERROR "no object file for ${PATTERN}.cpp among: ${OBJECTS}")
+endif()
+execute_process(COMMAND objdump -d --no-show-raw-insn "${target_object}"
+                OUTPUT_VARIABLE disassembly RESULT_VARIABLE status)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "objdump failed on ${target_object}")
+endif()
+string(REGEX MATCHALL "vfmadd[0-9]+ps[^\n]*zmm" fma_instructions "${disassembly}")
+list(LENGTH fma_instructions fma_count)
+message(STATUS "${target_object}: ${fma_count} zmm FMA instructions")
+if(fma_count EQUAL 0)
+  message(FATAL_ERROR "the AVX-512 kernels contain no zmm FMA instruction")
+endif()

@@ -1,0 +1,189 @@
+// GEMM against the double reference on every SIMD path this CPU runs.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <tbb/task_arena.h>
+
+#include "engine/gemm/gemm.hpp"
+#include "kvhead/config.hpp"
+#include "tests/reference/gemm_reference.hpp"
+
+namespace {
+
+using kvhead::simd_path;
+using namespace kvhead::engine;
+
+struct gemm_case {
+  std::size_t m, n, k;
+  bool trans_a, trans_b;
+  std::size_t pad_a, pad_b, pad_c;  // extra columns beyond the row length
+  float alpha, beta;
+};
+
+struct operands {
+  std::vector<float> a, b, c;
+  std::size_t lda, ldb, ldc;
+};
+
+operands make_operands(const gemm_case& test, std::mt19937& generator) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  operands result;
+  const std::size_t a_rows = test.trans_a ? test.k : test.m, a_cols = test.trans_a ? test.m : test.k;
+  const std::size_t b_rows = test.trans_b ? test.n : test.k, b_cols = test.trans_b ? test.k : test.n;
+  result.lda = a_cols + test.pad_a;
+  result.ldb = b_cols + test.pad_b;
+  result.ldc = test.n + test.pad_c;
+  result.a.resize(a_rows * result.lda);
+  result.b.resize(b_rows * result.ldb);
+  result.c.resize(test.m * result.ldc);
+  for (float& x : result.a) x = uniform(generator);
+  for (float& x : result.b) x = uniform(generator);
+  // beta == 0 must overwrite: poison the old C so a leak shows as NaN.
+  for (float& x : result.c) x = test.beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : uniform(generator);
+  return result;
+}
+
+// |C - ref| <= (2k + 4) u (|alpha| sum|a||b| + |beta c|): k roundings in the
+// sum (2 per step without FMA), one for alpha, one for beta*c, one for the
+// add, one per extra KC block (< k). Written so NaN fails.
+bool within_bound(float value, double reference, double magnitude, std::size_t k) {
+  constexpr double unit_roundoff = std::numeric_limits<float>::epsilon() / 2;
+  const double bound = (2.0 * double(k) + 4.0) * unit_roundoff * magnitude + 1e-30;
+  return std::fabs(double(value) - reference) <= bound;
+}
+
+void check_case(const gemm_case& test, simd_path path, std::mt19937& generator) {
+  operands data = make_operands(test, generator);
+  const std::vector<float> old_c = data.c;
+  const auto reference =
+      kvhead::reference::gemm(test.m, test.n, test.k, test.alpha, data.a.data(), data.lda, test.trans_a,
+                              data.b.data(), data.ldb, test.trans_b, test.beta, old_c.data(), data.ldc);
+  gemm({test.m, test.n, test.k}, test.alpha,
+       {data.a.data(), data.lda, test.trans_a ? transpose::yes : transpose::no},
+       {data.b.data(), data.ldb, test.trans_b ? transpose::yes : transpose::no}, test.beta, data.c.data(),
+       data.ldc, path);
+  std::size_t failures = 0;
+  for (std::size_t i = 0; i < test.m; ++i) {
+    for (std::size_t j = 0; j < data.ldc; ++j) {
+      const float value = data.c[i * data.ldc + j];
+      if (j >= test.n) {  // padding columns of C stay untouched (bitwise)
+        if (std::memcmp(&value, &old_c[i * data.ldc + j], sizeof value) != 0) ++failures;
+        continue;
+      }
+      if (!within_bound(value, reference.value[i * test.n + j], reference.magnitude[i * test.n + j], test.k))
+        ++failures;
+    }
+  }
+  INFO("path " << std::string(kvhead::to_string(path)) << " m=" << test.m << " n=" << test.n << " k=" << test.k
+               << " transA=" << test.trans_a << " transB=" << test.trans_b << " pads=" << test.pad_a << ","
+               << test.pad_b << "," << test.pad_c << " alpha=" << test.alpha << " beta=" << test.beta);
+  CHECK(failures == 0);
+}
+
+// Awkward sizes for one path: 1..5, primes to ~300, and MR, NR, KC, MC +-1.
+std::vector<std::size_t> awkward_sizes(const gemm_config& config) {
+  std::set<std::size_t> sizes = {1, 2, 3, 4, 5, 7, 13, 31, 37, 61, 97, 127, 131, 257, 293};
+  for (std::size_t block : {config.mr, config.nr, config.kc, config.mc})
+    for (std::size_t size : {block - 1, block, block + 1}) sizes.insert(size);
+  return {sizes.begin(), sizes.end()};
+}
+
+}  // namespace
+
+TEST_CASE("gemm matches the double reference over awkward shapes, on every SIMD path") {
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    const gemm_config config = gemm_config_for(path);
+    const std::vector<std::size_t> sizes = awkward_sizes(config);
+    std::mt19937 generator(20261129);
+    auto pick = [&](const auto& list) { return list[generator() % list.size()]; };
+    const std::vector<float> alphas = {1.0f, -0.5f, 2.5f};
+    const std::vector<float> betas = {0.0f, 1.0f, 0.75f};
+    for (int sample = 0; sample < 160; ++sample) {
+      gemm_case test{pick(sizes), pick(sizes), pick(sizes), bool(generator() & 1), bool(generator() & 1),
+                     generator() % 3, generator() % 3, generator() % 3, pick(alphas), pick(betas)};
+      if (test.m * test.n * test.k > 6'000'000) test.k = 1 + test.k % 61;  // keep the reference fast
+      check_case(test, path, generator);
+    }
+    // Every transpose combination and a deep k (several KC blocks) at least once.
+    for (bool trans_a : {false, true})
+      for (bool trans_b : {false, true})
+        check_case({config.mr + 1, config.nr + 3, 2 * config.kc + 5, trans_a, trans_b, 1, 2, 3, 1.5f, 0.5f}, path,
+                   generator);
+  }
+}
+
+TEST_CASE("gemm edge semantics: empty shapes, k = 0, beta = 0 overwrites NaN") {
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    std::vector<float> a(12, 1.0f), b(12, 1.0f);
+    std::vector<float> c(12, 3.0f);
+    // m = 0 and n = 0: nothing touched.
+    gemm({0, 4, 3}, 1.0f, {a.data(), 3, transpose::no}, {b.data(), 4, transpose::no}, 0.0f, c.data(), 4, path);
+    gemm({3, 0, 4}, 1.0f, {a.data(), 4, transpose::no}, {b.data(), 1, transpose::no}, 0.0f, c.data(), 1, path);
+    for (float x : c) CHECK(x == 3.0f);
+    // k = 0: C = beta * C, and beta = 0 gives exact zeros even over NaN.
+    gemm({3, 4, 0}, 1.0f, {a.data(), 1, transpose::no}, {b.data(), 4, transpose::no}, 0.5f, c.data(), 4, path);
+    for (float x : c) CHECK(x == 1.5f);
+    c.assign(12, std::numeric_limits<float>::quiet_NaN());
+    gemm({3, 4, 0}, 1.0f, {a.data(), 1, transpose::no}, {b.data(), 4, transpose::no}, 0.0f, c.data(), 4, path);
+    for (float x : c) CHECK(x == 0.0f);
+    c.assign(12, std::numeric_limits<float>::infinity());
+    gemm({3, 4, 3}, 1.0f, {a.data(), 3, transpose::no}, {b.data(), 4, transpose::no}, 0.0f, c.data(), 4, path);
+    for (float x : c) CHECK(x == 3.0f);
+  }
+}
+
+TEST_CASE("gemm rejects bad arguments with a message naming them") {
+  std::vector<float> a(12), b(12), c(12);
+  CHECK_THROWS_WITH_AS(gemm({3, 4, 4}, 1.0f, {a.data(), 3, transpose::no}, {b.data(), 4, transpose::no}, 0.0f,
+                            c.data(), 4),
+                       doctest::Contains("leading dimension of A"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(gemm({3, 4, 3}, 1.0f, {a.data(), 3, transpose::no}, {b.data(), 2, transpose::yes}, 0.0f,
+                            c.data(), 4),
+                       doctest::Contains("leading dimension of B"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(gemm({3, 4, 3}, 1.0f, {a.data(), 3, transpose::no}, {b.data(), 4, transpose::no}, 0.0f,
+                            c.data(), 3),
+                       doctest::Contains("ldc"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(gemm({3, 4, 3}, 1.0f, {nullptr, 3, transpose::no}, {b.data(), 4, transpose::no}, 0.0f,
+                            c.data(), 4),
+                       doctest::Contains("A is null"), std::invalid_argument);
+}
+
+TEST_CASE("gemm determinism: a row of C is bit-identical for any m, thread count, or pre-packed B") {
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    const gemm_config config = gemm_config_for(path);
+    const std::size_t m = 2 * config.mc + 7, n = config.nc + 2 * config.nr + 5, k = 2 * config.kc + 3;
+    std::mt19937 generator(7);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<float> a(m * k), b(k * n);
+    for (float& x : a) x = uniform(generator);
+    for (float& x : b) x = uniform(generator);
+    const gemm_operand b_op{b.data(), n, transpose::no};
+
+    auto run = [&](std::size_t rows, const float* a_rows, int threads) {
+      std::vector<float> c(rows * n);
+      tbb::task_arena arena(threads);
+      arena.execute([&] {
+        gemm({rows, n, k}, 1.0f, {a_rows, k, transpose::no}, b_op, 0.0f, c.data(), n, path);
+      });
+      return c;
+    };
+    const std::vector<float> full = run(m, a.data(), 1);
+    CHECK(run(m, a.data(), 2) == full);
+    CHECK(run(m, a.data(), 3) == full);
+    for (std::size_t row : {std::size_t{0}, config.mr + 1, m - 1}) {
+      const std::vector<float> single = run(1, a.data() + row * k, 2);
+      CHECK(std::memcmp(single.data(), full.data() + row * n, n * sizeof(float)) == 0);
+    }
+    const packed_b packed(k, n, b_op, path);
+    std::vector<float> c(m * n);
+    gemm(m, 1.0f, {a.data(), k, transpose::no}, packed, 0.0f, c.data(), n);
+    CHECK(c == full);
+  }
+}
