@@ -51,7 +51,8 @@ inline constexpr std::size_t max_tile_floats = gemm_blocking<avx512_arch>::mr *
 /// the untemplated driver.
 struct gemm_config {
   std::size_t mr, nr, mc, kc, nc;
-  microkernel_function microkernel;
+  const microkernel_function* microkernels;  // [rows - 1], rows in 1..mr
+  const row_stream_function* row_streams;     // [rows - 1], rows in 1..row_stream_max_rows
 };
 
 gemm_config gemm_config_for(simd_path path);

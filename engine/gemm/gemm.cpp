@@ -58,12 +58,23 @@ void for_each_index(std::size_t count, double flops, const Body& body) {
   tbb::parallel_for(std::size_t{0}, count, body);
 }
 
+// A block of op(B), depth x cols, as NR-wide panels: row k of panel p at
+// panels + p * panel_stride + k * row_stride. Packed blocks hold every panel
+// (zero-padded); a block read in place from an untransposed B has its partial
+// last panel packed separately in `tail_panel`.
+struct b_block {
+  const float* panels;
+  std::size_t panel_stride, row_stride;
+  const float* tail_panel;  // null when the last panel is in `panels`
+};
+
 void run_tile(const gemm_config& config, microkernel_params params, std::size_t rows, std::size_t cols) {
-  if (rows == config.mr && cols == config.nr) {
-    config.microkernel(params);
+  const microkernel_function kernel = config.microkernels[rows - 1];
+  if (cols == config.nr) {
+    kernel(params);
     return;
   }
-  // Edge tile: the same kernel on a padded copy of C.
+  // Column edge: the same kernel on a padded copy of C.
   alignas(aligned_buffer::alignment) float tile[max_tile_floats] = {};
   float* const c = params.c;
   const std::size_t ldc = params.ldc;
@@ -72,21 +83,33 @@ void run_tile(const gemm_config& config, microkernel_params params, std::size_t 
       std::copy(c + row * ldc, c + row * ldc + cols, tile + row * config.nr);
   params.c = tile;
   params.ldc = config.nr;
-  config.microkernel(params);
+  kernel(params);
   for (std::size_t row = 0; row < rows; ++row)
     std::copy(tile + row * config.nr, tile + row * config.nr + cols, c + row * ldc);
 }
 
-// One (JC, PC) step: C[:, col0 : col0+cols] (+)= alpha * op(A)[:, k0 : k0+depth] * B_block,
-// B_block packed as ceil(cols / NR) panels of depth x NR.
+// One (JC, PC) step: C[:, col0 : col0+cols] (+)= alpha * op(A)[:, k0 : k0+depth] * block.
+// 1. pack this k-slice of A, all rows, in parallel over MR panels;
+// 2. sweep (MC row block x group of NR panels) tasks, each reading its packed A
+//    block (L2) against its B panels (L1).
 void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_operand a,
-                    std::size_t k0, std::size_t depth, const float* b_panels, std::size_t col0,
+                    std::size_t k0, std::size_t depth, const b_block& block, std::size_t col0,
                     std::size_t cols, float beta, float* c, std::size_t ldc) {
+  const std::size_t a_panels = ceil_div(m, config.mr);
+  scratch_lease a_packed(a_panels * config.mr * depth);
+  constexpr std::size_t a_panels_per_task = 8;
+  for_each_index(ceil_div(a_panels, a_panels_per_task), 2.0 * double(m) * double(depth), [&](std::size_t task) {
+    const std::size_t row0 = task * a_panels_per_task * config.mr;
+    pack_a(a, row0, std::min(a_panels_per_task * config.mr, m - row0), k0, depth, config.mr,
+           a_packed.data() + row0 * depth);
+  });
+
   const std::size_t row_blocks = ceil_div(m, config.mc);
   const std::size_t panels = ceil_div(cols, config.nr);
-  // Aim for ~4 tasks per thread; split columns only when rows alone are too few.
+  // With several threads, aim for ~4 tasks each: split columns when rows alone are too few.
   const std::size_t threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-  const std::size_t panel_groups = std::clamp<std::size_t>(ceil_div(4 * threads, row_blocks), 1, panels);
+  const std::size_t panel_groups =
+      threads < 2 ? 1 : std::clamp<std::size_t>(ceil_div(4 * threads, row_blocks), 1, panels);
   const std::size_t panels_per_group = ceil_div(panels, panel_groups);
   const std::size_t groups = ceil_div(panels, panels_per_group);
 
@@ -94,33 +117,31 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     const std::size_t row_block = task / groups, group = task % groups;
     const std::size_t row0 = row_block * config.mc;
     const std::size_t rows = std::min(config.mc, m - row0);
-    scratch_lease a_packed(round_up(rows, config.mr) * depth);
-    pack_a(a, row0, rows, k0, depth, config.mr, a_packed.data());
-
     const std::size_t panel_end = std::min(panels, (group + 1) * panels_per_group);
     for (std::size_t panel = group * panels_per_group; panel < panel_end; ++panel) {
+      const bool packed_tail = block.tail_panel != nullptr && panel + 1 == panels;
+      const float* b_panel = packed_tail ? block.tail_panel : block.panels + panel * block.panel_stride;
       const std::size_t col = panel * config.nr;
-      const std::size_t tile_cols = std::min(config.nr, cols - col);
-      for (std::size_t row = 0; row < rows; row += config.mr) {
+      for (std::size_t row = row0; row < row0 + rows; row += config.mr) {
         const microkernel_params params{a_packed.data() + row * depth,
-                                        b_panels + panel * depth * config.nr,
-                                        config.nr,
+                                        b_panel,
+                                        packed_tail ? config.nr : block.row_stride,
                                         depth,
                                         alpha,
                                         beta,
-                                        c + (row0 + row) * ldc + col0 + col,
+                                        c + row * ldc + col0 + col,
                                         ldc};
-        run_tile(config, params, std::min(config.mr, rows - row), tile_cols);
+        run_tile(config, params, std::min(config.mr, m - row), std::min(config.nr, cols - col));
       }
     }
   };
   for_each_index(row_blocks * groups, 2.0 * double(m) * double(cols) * double(depth), run_task);
 }
 
-// The JC and PC loops; block(col0, cols, k0, depth) yields the packed B block.
-template <class PackedBlock>
+// The JC and PC loops; block(col0, cols, k0, depth) yields op(B)'s block.
+template <class BlockSource>
 void multiply(const gemm_config& config, std::size_t m, std::size_t n, std::size_t k, float alpha,
-              gemm_operand a, float beta, float* c, std::size_t ldc, const PackedBlock& block) {
+              gemm_operand a, float beta, float* c, std::size_t ldc, const BlockSource& block) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     for (std::size_t row = 0; row < m; ++row)
@@ -138,6 +159,34 @@ void multiply(const gemm_config& config, std::size_t m, std::size_t n, std::size
   }
 }
 
+// With few rows of A, each B panel is used only a few times: reading an
+// untransposed B in place beats copying it first (same arithmetic either way).
+constexpr std::size_t in_place_b_max_rows = 48;
+
+// m <= row_stream_max_rows, B untransposed: stream B row by row through the
+// row-streaming kernel, columns cut into chunks whose accumulators fit in L1.
+// Covers the columns up to the last multiple of NR; the caller does the rest.
+void multiply_streaming(const gemm_config& config, gemm_shape shape, float alpha, gemm_operand a,
+                        gemm_operand b, float beta, float* c, std::size_t ldc) {
+  // Accumulators of one chunk: 16 KiB, half of L1, whatever the row count.
+  const std::size_t chunk_cols = std::max(config.nr, 4096 / shape.m / config.nr * config.nr);
+  const std::size_t cols = shape.n / config.nr * config.nr;
+  const std::size_t a_row_stride = a.trans == transpose::no ? a.ld : 1;
+  const std::size_t a_k_stride = a.trans == transpose::no ? 1 : a.ld;
+  for_each_index(ceil_div(cols, chunk_cols), 2.0 * double(shape.m * cols) * double(shape.k),
+                 [&](std::size_t chunk) {
+                   const std::size_t col = chunk * chunk_cols;
+                   const std::size_t chunk_width = std::min(chunk_cols, cols - col);
+                   scratch_lease acc(shape.m * chunk_width);
+                   for (std::size_t k0 = 0; k0 < shape.k; k0 += config.kc) {
+                     config.row_streams[shape.m - 1]({a.data + k0 * a_k_stride, a_row_stride, a_k_stride,
+                                        b.data + k0 * b.ld + col, b.ld, std::min(config.kc, shape.k - k0),
+                                        chunk_width, alpha, k0 == 0 ? beta : 1.0f, c + col, ldc,
+                                        acc.data()});
+                   }
+                 });
+}
+
 }  // namespace
 
 void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float beta, float* c,
@@ -146,17 +195,32 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
   validate_operand("B", b, shape.k, shape.n);
   validate_c(c, ldc, shape.m, shape.n);
   const gemm_config config = gemm_config_for(path);
-  scratch_lease b_packed(round_up(std::min(shape.n, config.nc), config.nr) * std::min(shape.k, config.kc));
-  auto pack_block = [&](std::size_t col0, std::size_t cols, std::size_t k0, std::size_t depth) {
-    const std::size_t panels = ceil_div(cols, config.nr);
-    for_each_index(panels, double(shape.m == 0 ? 0 : cols * depth) * 2.0, [&](std::size_t panel) {
-      const std::size_t col = panel * config.nr;
-      pack_b(b, k0, depth, col0 + col, std::min(config.nr, cols - col), config.nr,
-             b_packed.data() + panel * depth * config.nr);
+  const std::size_t nr = config.nr;
+  if (b.trans == transpose::no && shape.m <= row_stream_max_rows && shape.n >= nr && shape.k > 0) {
+    multiply_streaming(config, shape, alpha, a, b, beta, c, ldc);
+    const std::size_t done = shape.n / nr * nr;
+    if (done < shape.n)
+      gemm({shape.m, shape.n - done, shape.k}, alpha, a, {b.data + done, b.ld, b.trans}, beta, c + done, ldc,
+           path);
+    return;
+  }
+  const bool in_place = b.trans == transpose::no && shape.m <= in_place_b_max_rows;
+  const std::size_t packed_cols = in_place ? nr : round_up(std::min(shape.n, config.nc), nr);
+  scratch_lease b_packed(packed_cols * std::min(shape.k, config.kc));
+
+  auto block = [&](std::size_t col0, std::size_t cols, std::size_t k0, std::size_t depth) {
+    if (in_place) {
+      const std::size_t tail_cols = cols % nr;
+      if (tail_cols != 0) pack_b(b, k0, depth, col0 + cols - tail_cols, tail_cols, nr, b_packed.data());
+      return b_block{b.data + k0 * b.ld + col0, nr, b.ld, tail_cols != 0 ? b_packed.data() : nullptr};
+    }
+    for_each_index(ceil_div(cols, nr), 2.0 * double(cols) * double(depth), [&](std::size_t panel) {
+      const std::size_t col = panel * nr;
+      pack_b(b, k0, depth, col0 + col, std::min(nr, cols - col), nr, b_packed.data() + panel * depth * nr);
     });
-    return static_cast<const float*>(b_packed.data());
+    return b_block{b_packed.data(), depth * nr, nr, nullptr};
   };
-  multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, pack_block);
+  multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, block);
 }
 
 packed_b::packed_b(std::size_t k, std::size_t n, gemm_operand b, simd_path path)
@@ -178,7 +242,8 @@ void gemm(std::size_t m, float alpha, gemm_operand a, const packed_b& b, float b
   validate_c(c, ldc, m, b.n());
   const gemm_config& config = b.config();
   auto prepacked_block = [&](std::size_t col0, std::size_t, std::size_t k0, std::size_t depth) {
-    return b.block(k0 / config.kc) + (col0 / config.nr) * depth * config.nr;
+    return b_block{b.block(k0 / config.kc) + (col0 / config.nr) * depth * config.nr, depth * config.nr,
+                   config.nr, nullptr};
   };
   multiply(config, m, b.n(), b.k(), alpha, a, beta, c, ldc, prepacked_block);
 }

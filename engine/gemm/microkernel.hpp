@@ -7,10 +7,12 @@
 // B_panel  k_depth rows of NR floats, row k at b_panel + k * b_row_stride
 //          (b_row_stride = NR for a packed panel). Columns past the matrix edge
 //          are zero padding.
-// C        a full MR x NR row-major tile, rows ldc floats apart. The kernel
-//          always reads (when beta != 0) and writes the whole tile: edges
-//          (m < MR or n < NR) are run by the caller on a padded copy of C
-//          through this same kernel, so edge elements get the same arithmetic.
+// C        a ROWS x NR row-major tile, rows ldc floats apart. The kernel
+//          always reads (when beta != 0) and writes the whole tile. There is
+//          one kernel per row count ROWS = 1..MR (short edges and small m waste
+//          no FMAs); column edges (n < NR) are run by the caller on a padded
+//          copy of C through the same kernel, so edge elements get the same
+//          arithmetic.
 // beta     beta == 0 means overwrite: C is never read, so NaN or garbage in
 //          the old C cannot leak into the result.
 //
@@ -37,11 +39,49 @@ struct microkernel_params {
 
 using microkernel_function = void (*)(const microkernel_params&);
 
+// The row-streaming kernel, for m so small that reading B dominates (GEMV-like):
+//
+//   C[0:rows, 0:cols] := alpha * A[0:rows, 0:k_depth] * B[0:k_depth, 0:cols] + beta * C
+//
+// A unpacked, element (r, k) at a[r * a_row_stride + k * a_k_stride]; B read
+// in place, row k at b + k * ldb, cols a multiple of NR; C rows
+// ldc apart; acc is 64-byte aligned scratch of ROWS * cols floats. B is streamed row by row
+// (prefetch-friendly) while the accumulators live in L1 instead of registers.
+// The arithmetic per element is the micro-kernel's exactly (acc = 0; acc =
+// fma(a, b, acc) in increasing k; C = alpha * acc + beta * C), so a row of C
+// is bit-identical whichever kernel computed it.
+struct row_stream_params {
+  const float* a;
+  std::size_t a_row_stride, a_k_stride;
+  const float* b;
+  std::size_t ldb;
+  std::size_t k_depth;
+  std::size_t cols;
+  float alpha;
+  float beta;
+  float* c;
+  std::size_t ldc;
+  float* acc;
+};
+
+using row_stream_function = void (*)(const row_stream_params&);
+
+/// The most rows the row-streaming kernel takes (its A values per k step
+/// stay in registers).
+inline constexpr std::size_t row_stream_max_rows = 4;
+
 /// Per-ISA GEMM kernels; defined in microkernel_impl.hpp and explicitly
 /// instantiated in engine/arch/<isa>.cpp (the only TUs built with ISA flags).
 template <class Arch>
 struct gemm_kernels {
+  template <std::size_t Rows>
   static void microkernel(const microkernel_params& params);
+  /// microkernels()[rows - 1] is the kernel for a tile of `rows` rows, 1..MR.
+  static const microkernel_function* microkernels();
+  template <std::size_t Rows>
+  static void row_stream(const row_stream_params& params);
+  /// row_streams()[rows - 1] streams `rows` rows, 1..row_stream_max_rows.
+  static const row_stream_function* row_streams();
 };
 
 }  // namespace kvhead::engine

@@ -6,7 +6,9 @@
 // vectors of B, broadcasts MR scalars of A and issues MR * NR / W FMAs.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <utility>
 
 #include <xsimd/xsimd.hpp>
 
@@ -17,15 +19,24 @@
 namespace kvhead::engine {
 
 template <class Arch>
+template <std::size_t Rows>
 void gemm_kernels<Arch>::microkernel(const microkernel_params& params) {
   using batch = xsimd::batch<float, Arch>;
-  constexpr std::size_t mr = gemm_blocking<Arch>::mr;
+  constexpr std::size_t mr = gemm_blocking<Arch>::mr;  // A panel stride
+  constexpr std::size_t rows = Rows;
   constexpr std::size_t vectors = gemm_blocking<Arch>::nr / batch::size;
   static_assert(gemm_blocking<Arch>::nr % batch::size == 0);
 
-  batch acc[mr][vectors];
+  // Fetch the C tile now: it is read and written only after the k loop, and
+  // on large C it comes from L3 or DRAM (a stall per tile otherwise).
 #pragma GCC unroll 16
-  for (std::size_t row = 0; row < mr; ++row)
+  for (std::size_t row = 0; row < rows; ++row)
+#pragma GCC unroll 4
+    for (std::size_t v = 0; v < vectors; ++v) __builtin_prefetch(params.c + row * params.ldc + v * batch::size, 1);
+
+  batch acc[rows][vectors];
+#pragma GCC unroll 16
+  for (std::size_t row = 0; row < rows; ++row)
 #pragma GCC unroll 4
     for (std::size_t v = 0; v < vectors; ++v) acc[row][v] = batch(0.0f);
 
@@ -36,7 +47,7 @@ void gemm_kernels<Arch>::microkernel(const microkernel_params& params) {
 #pragma GCC unroll 4
     for (std::size_t v = 0; v < vectors; ++v) b_row[v] = batch::load_unaligned(b + v * batch::size);
 #pragma GCC unroll 16
-    for (std::size_t row = 0; row < mr; ++row) {
+    for (std::size_t row = 0; row < rows; ++row) {
       const batch a_value(a[row]);
 #pragma GCC unroll 4
       for (std::size_t v = 0; v < vectors; ++v)
@@ -48,7 +59,7 @@ void gemm_kernels<Arch>::microkernel(const microkernel_params& params) {
   const batch beta(params.beta);
   const bool read_c = params.beta != 0.0f;
 #pragma GCC unroll 16
-  for (std::size_t row = 0; row < mr; ++row) {
+  for (std::size_t row = 0; row < rows; ++row) {
     float* c_row = params.c + row * params.ldc;
 #pragma GCC unroll 4
     for (std::size_t v = 0; v < vectors; ++v) {
@@ -57,6 +68,61 @@ void gemm_kernels<Arch>::microkernel(const microkernel_params& params) {
       result.store_unaligned(c_row + v * batch::size);
     }
   }
+}
+
+template <class Arch>
+const microkernel_function* gemm_kernels<Arch>::microkernels() {
+  static constexpr auto table = []<std::size_t... Index>(std::index_sequence<Index...>) {
+    return std::array<microkernel_function, sizeof...(Index)>{&microkernel<Index + 1>...};
+  }(std::make_index_sequence<gemm_blocking<Arch>::mr>{});
+  return table.data();
+}
+
+template <class Arch>
+template <std::size_t Rows>
+void gemm_kernels<Arch>::row_stream(const row_stream_params& params) {
+  using batch = xsimd::batch<float, Arch>;
+  constexpr std::size_t width = batch::size;
+  // Locals, not params fields: stores through acc could alias them otherwise.
+  const std::size_t cols = params.cols, ldb = params.ldb;
+  float* const acc = params.acc;
+  for (std::size_t i = 0; i < Rows * cols; i += width) batch(0.0f).store_aligned(acc + i);
+
+  for (std::size_t k = 0; k < params.k_depth; ++k) {
+    const float* b_row = params.b + k * ldb;
+    batch a_values[Rows];
+#pragma GCC unroll 4
+    for (std::size_t row = 0; row < Rows; ++row)
+      a_values[row] = batch(params.a[row * params.a_row_stride + k * params.a_k_stride]);
+    for (std::size_t col = 0; col < cols; col += width) {
+      const batch b_value = batch::load_unaligned(b_row + col);
+#pragma GCC unroll 4
+      for (std::size_t row = 0; row < Rows; ++row) {
+        float* target = acc + row * cols + col;
+        multiply_add(a_values[row], b_value, batch::load_aligned(target)).store_aligned(target);
+      }
+    }
+  }
+
+  const batch alpha(params.alpha);
+  const batch beta(params.beta);
+  const bool read_c = params.beta != 0.0f;
+  for (std::size_t row = 0; row < Rows; ++row) {
+    float* c_row = params.c + row * params.ldc;
+    for (std::size_t col = 0; col < cols; col += width) {
+      batch result = alpha * batch::load_aligned(acc + row * cols + col);
+      if (read_c) result = result + beta * batch::load_unaligned(c_row + col);
+      result.store_unaligned(c_row + col);
+    }
+  }
+}
+
+template <class Arch>
+const row_stream_function* gemm_kernels<Arch>::row_streams() {
+  static constexpr auto table = []<std::size_t... Index>(std::index_sequence<Index...>) {
+    return std::array<row_stream_function, sizeof...(Index)>{&row_stream<Index + 1>...};
+  }(std::make_index_sequence<row_stream_max_rows>{});
+  return table.data();
 }
 
 }  // namespace kvhead::engine

@@ -15,27 +15,35 @@ struct strided_view {
 // Writes panels of `width` lanes: packed[panel][k][lane] = view(outer0 + panel*width + lane, k0 + k).
 void pack_panels(strided_view view, std::size_t outer0, std::size_t count, std::size_t k0,
                  std::size_t depth, std::size_t width, float* packed) {
-  for (std::size_t panel_start = 0; panel_start < count; panel_start += width) {
-    const std::size_t lanes = std::min(width, count - panel_start);
-    if (view.outer_stride == 1) {  // lanes contiguous in memory: copy rows of the panel
-      for (std::size_t k = 0; k < depth; ++k) {
-        const float* source = &view.data[(outer0 + panel_start) + (k0 + k) * view.inner_stride];
-        float* target = packed + k * width;
-        std::copy(source, source + lanes, target);
+  const std::size_t panels = (count + width - 1) / width;
+  const std::size_t panel_floats = depth * width;
+  if (view.outer_stride == 1) {
+    // Lanes contiguous in memory: stream each source row once, left to right,
+    // scattering it over the panels (reading row by row keeps the hardware
+    // prefetchers useful; walking down one panel at a time does not).
+    for (std::size_t k = 0; k < depth; ++k) {
+      const float* source = &view.data[outer0 + (k0 + k) * view.inner_stride];
+      for (std::size_t panel = 0; panel < panels; ++panel) {
+        const std::size_t lanes = std::min(width, count - panel * width);
+        float* target = packed + panel * panel_floats + k * width;
+        std::copy(source + panel * width, source + panel * width + lanes, target);
         std::fill(target + lanes, target + width, 0.0f);
       }
-    } else {  // k contiguous: transpose lane by lane
-      for (std::size_t lane = 0; lane < width; ++lane) {
-        if (lane < lanes) {
-          const float* source = &view.data[(outer0 + panel_start + lane) * view.outer_stride +
-                                           k0 * view.inner_stride];
-          for (std::size_t k = 0; k < depth; ++k) packed[k * width + lane] = source[k * view.inner_stride];
-        } else {
-          for (std::size_t k = 0; k < depth; ++k) packed[k * width + lane] = 0.0f;
-        }
+    }
+    return;
+  }
+  // k contiguous in memory: transpose lane by lane.
+  for (std::size_t panel = 0; panel < panels; ++panel, packed += panel_floats) {
+    const std::size_t lanes = std::min(width, count - panel * width);
+    for (std::size_t lane = 0; lane < width; ++lane) {
+      if (lane < lanes) {
+        const float* source =
+            &view.data[(outer0 + panel * width + lane) * view.outer_stride + k0 * view.inner_stride];
+        for (std::size_t k = 0; k < depth; ++k) packed[k * width + lane] = source[k * view.inner_stride];
+      } else {
+        for (std::size_t k = 0; k < depth; ++k) packed[k * width + lane] = 0.0f;
       }
     }
-    packed += depth * width;
   }
 }
 
