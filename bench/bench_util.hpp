@@ -24,4 +24,10 @@ inline void set_rates(benchmark::State& state, double flops, double bytes) {
   state.counters["gbps"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Per-iteration elements and bytes (read + written), as rates per second.
+inline void set_element_rates(benchmark::State& state, double elements, double bytes) {
+  state.counters["elems_per_s"] = benchmark::Counter(elements, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["gbps"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 }  // namespace kvhead::bench

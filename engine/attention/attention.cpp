@@ -1,0 +1,180 @@
+// The public attention API: validation at the boundary, then the engine.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/attention/flash_attention.hpp"
+#include "engine/attention/rope.hpp"
+#include "engine/gemm/gemm.hpp"
+#include "kvhead/attention.hpp"
+
+namespace kvhead {
+namespace {
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw std::invalid_argument(message);
+}
+
+float resolve_scale(const std::optional<float>& scale, std::size_t head_dim) {
+  if (!scale) return float(1.0 / std::sqrt(double(head_dim)));
+  require(std::isfinite(*scale), "attention: scale must be finite");
+  return *scale;
+}
+
+void validate_heads(const char* where, std::size_t num_heads, std::size_t num_kv_heads, std::size_t head_dim) {
+  const std::string prefix = std::string(where) + ": ";
+  require(num_heads > 0, prefix + "num_heads must be positive");
+  require(num_kv_heads > 0, prefix + "num_kv_heads must be positive");
+  require(head_dim > 0, prefix + "head_dim must be positive");
+  require(num_heads % num_kv_heads == 0, prefix + "num_heads (" + std::to_string(num_heads) +
+                                             ") is not a multiple of num_kv_heads (" +
+                                             std::to_string(num_kv_heads) + ")");
+}
+
+}  // namespace
+
+void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q,
+                                  head_tensor<const float> k, head_tensor<const float> v,
+                                  head_tensor<float> out, const attention_options& options) {
+  validate_heads("scaled_dot_product_attention", dims.num_heads, dims.num_kv_heads, dims.head_dim);
+  const bool empty_queries = dims.batch == 0 || dims.q_len == 0;
+  require(empty_queries || (q.data != nullptr && out.data != nullptr),
+          "scaled_dot_product_attention: q or out is null");
+  require(empty_queries || dims.kv_len == 0 || (k.data != nullptr && v.data != nullptr),
+          "scaled_dot_product_attention: k or v is null");
+  std::size_t q_offset = 0;
+  if (options.q_offset) {
+    q_offset = *options.q_offset;
+  } else {
+    require(!options.causal || dims.q_len <= dims.kv_len,
+            "scaled_dot_product_attention: causal with q_len (" + std::to_string(dims.q_len) +
+                ") > kv_len (" + std::to_string(dims.kv_len) + ") needs an explicit q_offset");
+    q_offset = dims.q_len <= dims.kv_len ? dims.kv_len - dims.q_len : 0;
+  }
+  if (options.valid_len != nullptr)
+    for (std::size_t b = 0; b < dims.batch; ++b)
+      require(options.valid_len[b] <= dims.kv_len, "scaled_dot_product_attention: valid_len[" +
+                                                        std::to_string(b) + "] (" +
+                                                        std::to_string(options.valid_len[b]) +
+                                                        ") exceeds kv_len (" + std::to_string(dims.kv_len) + ")");
+  if (empty_queries) return;
+
+  const engine::attention_problem problem{dims,
+                                          q,
+                                          k,
+                                          v,
+                                          out,
+                                          resolve_scale(options.scale, dims.head_dim),
+                                          options.causal,
+                                          q_offset,
+                                          options.valid_len,
+                                          options.additive_mask,
+                                          active_simd_path()};
+  engine::flash_attention(problem);
+  if (options.probabilities != nullptr) engine::attention_probabilities(problem, options.probabilities);
+}
+
+// ---------------------------------------------------------------- the layer
+
+namespace {
+
+const float* non_null(const char* name, const float* weight) {
+  require(weight != nullptr, std::string("attention_layer: ") + name + " weight is null");
+  return weight;
+}
+
+// One nn.Linear with Wᵀ packed once: y[rows, out] = x[rows, in] Wᵀ + b.
+class linear {
+ public:
+  linear(const char* name, const linear_weights& weights, std::size_t in_features, std::size_t out_features)
+      : weight_(in_features, out_features, {non_null(name, weights.weight), in_features, engine::transpose::yes}),
+        bias_(weights.bias != nullptr ? std::vector<float>(weights.bias, weights.bias + out_features)
+                                      : std::vector<float>()) {}
+
+  void apply(const float* x, std::size_t rows, float* y) const {
+    const std::size_t out_features = weight_.n();
+    if (!bias_.empty())
+      for (std::size_t row = 0; row < rows; ++row)
+        std::copy(bias_.begin(), bias_.end(), y + row * out_features);
+    engine::gemm(rows, 1.0f, {x, weight_.k(), engine::transpose::no}, weight_, bias_.empty() ? 0.0f : 1.0f, y,
+                 out_features);
+  }
+
+ private:
+  engine::packed_b weight_;
+  std::vector<float> bias_;
+};
+
+attention_config validated(attention_config config) {
+  if (config.num_kv_heads == 0) config.num_kv_heads = config.num_heads;
+  validate_heads("attention_layer", config.num_heads, config.num_kv_heads, config.head_dim);
+  require(config.d_model > 0, "attention_layer: d_model must be positive");
+  require(std::isfinite(config.rope_theta) && config.rope_theta >= 0.0,
+          "attention_layer: rope_theta must be 0 (no RoPE) or positive");
+  require(config.rope_theta == 0.0 || config.head_dim % 2 == 0,
+          "attention_layer: RoPE needs an even head_dim, got " + std::to_string(config.head_dim));
+  config.scale = resolve_scale(config.scale, config.head_dim);
+  return config;
+}
+
+}  // namespace
+
+struct attention_layer::impl {
+  attention_config config;
+  linear q_proj, k_proj, v_proj, o_proj;
+
+  impl(const attention_config& checked, const attention_weights& weights)
+      : config(checked),
+        q_proj("q_proj", weights.q_proj, checked.d_model, checked.num_heads * checked.head_dim),
+        k_proj("k_proj", weights.k_proj, checked.d_model, checked.num_kv_heads * checked.head_dim),
+        v_proj("v_proj", weights.v_proj, checked.d_model, checked.num_kv_heads * checked.head_dim),
+        o_proj("o_proj", weights.o_proj, checked.num_heads * checked.head_dim, checked.d_model) {}
+};
+
+attention_layer::attention_layer(const attention_config& config, const attention_weights& weights)
+    : impl_(std::make_unique<impl>(validated(config), weights)) {}
+attention_layer::~attention_layer() = default;
+attention_layer::attention_layer(attention_layer&&) noexcept = default;
+attention_layer& attention_layer::operator=(attention_layer&&) noexcept = default;
+
+const attention_config& attention_layer::config() const { return impl_->config; }
+
+void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq, float* y) const {
+  const attention_config& config = impl_->config;
+  const std::size_t rows = batch * seq;
+  if (rows == 0) return;
+  require(x != nullptr && y != nullptr, "attention_layer::forward: x or y is null");
+  const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
+  // 1. Projections: q [rows, H d], k and v [rows, G d] (layout [batch, seq, heads, d]).
+  std::vector<float> q(rows * heads * head_dim), k(rows * kv_heads * head_dim), v(rows * kv_heads * head_dim),
+      attended(rows * heads * head_dim);
+  impl_->q_proj.apply(x, rows, q.data());
+  impl_->k_proj.apply(x, rows, k.data());
+  impl_->v_proj.apply(x, rows, v.data());
+  // 2. RoPE on q and k at positions 0..seq-1 of each sequence.
+  if (config.rope_theta > 0.0) {
+    const engine::rope_table rope(head_dim, config.rope_theta, 0, seq);
+    for (std::size_t row = 0; row < rows; ++row) {
+      rope.apply(q.data() + row * heads * head_dim, heads, head_dim, row % seq);
+      rope.apply(k.data() + row * kv_heads * head_dim, kv_heads, head_dim, row % seq);
+    }
+  }
+  // 3. Attention.
+  const engine::attention_problem problem{{batch, heads, kv_heads, seq, seq, head_dim},
+                                          head_tensor<const float>::bshd(q.data(), heads, seq, head_dim),
+                                          head_tensor<const float>::bshd(k.data(), kv_heads, seq, head_dim),
+                                          head_tensor<const float>::bshd(v.data(), kv_heads, seq, head_dim),
+                                          head_tensor<float>::bshd(attended.data(), heads, seq, head_dim),
+                                          *config.scale,
+                                          config.causal,
+                                          0,
+                                          nullptr,
+                                          nullptr,
+                                          active_simd_path()};
+  engine::flash_attention(problem);
+  // 4. Output projection.
+  impl_->o_proj.apply(attended.data(), rows, y);
+}
+
+}  // namespace kvhead

@@ -1,0 +1,115 @@
+// Vectorized exp and softmax, and the online-softmax building blocks of tiled
+// (flash) attention. Safe to include without ISA flags; the kernels are
+// written once with xsimd in softmax_impl.hpp and instantiated per ISA in
+// engine/arch/<isa>.cpp.
+//
+// exp accuracy (xsimd 8.1's float exp; measured on avx512, avx2 and sse2
+// against a double std::exp rounded to float, over every one of the 2.24e9
+// floats in the range, and re-checked on a 3.6M-input sweep by
+// tests/exp_test.cpp):
+//   x in [-87.33, 88.37]: within 2 ULP (1.53 ULP at worst; all but 2 inputs
+//     on avx512 and sse2, and 27 on avx2, are within 1 ULP).
+//   x >= 88.3762589 (xsimd's maxlog) -> +inf, although the true result is
+//     finite up to 88.7228; x in (88.37, 88.3762589) is still accurate.
+//   x in (-87.6831284, -87.3365402): subnormal results (the true exp is below
+//     FLT_MIN there), within 1 ULP of the subnormals (2^-149).
+//   x <= -87.6831284 -> exactly +0 (the true result is a subnormal down to
+//     -103.28): results below ~8.4e-39 are flushed to 0.
+//   exp(-inf) = +0, exp(+inf) = +inf, exp(NaN) = NaN, exp(+-0) = 1.
+// Softmax only feeds it x - max <= 0, so only the lower end matters: a
+// probability below ~1e-38 of the largest one becomes 0 (or loses precision).
+//
+// Masking and special values, for every function here:
+//   -inf is a masked score: its probability is exactly 0.
+//   A row (or everything folded so far) with every score -inf has no
+//     visible key: its probabilities are all 0, never NaN.
+//   NaN in a row makes every output of that row NaN (the max pass skips NaN,
+//     the exp pass turns it into a NaN sum). +inf in a row does the same
+//     (inf - inf), as softmax is undefined there.
+//
+// Determinism: on one SIMD path every function does the same arithmetic for a
+// given n, whatever the buffer's address or its neighbours. Elements are
+// processed in W-wide vectors (W = 16 / 8 / 4 floats on avx512 / avx2 / sse2);
+// the last n % W go through the same vector code on a copy padded to W (with
+// -inf where the padding enters a max or a sum, so it adds exactly 0). Sums
+// use one vector accumulator: lane l adds elements l, l + W, l + 2W, ... in
+// increasing order, then one xsimd::hadd. No FMA is used here (the build is
+// -ffp-contract=off), so everything except xsimd::exp itself (whose
+// polynomial uses FMA on avx2 only) rounds the same on every path.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+
+#include "kvhead/config.hpp"
+
+namespace kvhead::engine {
+
+/// Running statistics of one query row across key blocks (online softmax):
+/// the largest score seen so far and the sum of exp(score - max) over them.
+/// The default state means "nothing seen yet" (every score masked).
+struct softmax_partial {
+  float max = -INFINITY;
+  float sum = 0.0f;
+};
+
+/// out[i] = exp(in[i]), i < n. out may be in itself (in place); the two
+/// ranges must not overlap otherwise.
+void exp_floats(const float* in, float* out, std::size_t n, simd_path path = active_simd_path());
+
+/// In place, a numerically stable softmax of row[0:n]:
+///   row[i] = exp(row[i] - max) / sum_j exp(row[j] - max).
+/// Passes: (1) max, (2) exp and sum, (3) scale by 1 / sum (one reciprocal,
+/// then a multiply per element). A fully masked row (all -inf) gives zeros;
+/// n = 0 does nothing.
+void softmax_row(float* row, std::size_t n, simd_path path = active_simd_path());
+
+/// Folds a block of n scores (already scaled; masked ones are -inf) into a
+/// row's running statistics:
+///   new_max     = max(state.max, max_j scores[j])
+///   scores[j]   = exp(scores[j] - new_max)            (masked ones become 0)
+///   correction  = exp(state.max - new_max)            (returned)
+///   state.sum   = state.sum * correction + sum_j scores[j]   (two roundings)
+///   state.max   = new_max
+/// The caller rescales its unnormalized accumulator by the returned
+/// correction (scale_floats) before adding scores * V. When new_max is -inf
+/// (everything so far masked) the scores become 0, the state is unchanged and
+/// the correction is 1. n = 0 leaves the state unchanged and returns 1.
+float online_softmax_block(float* scores, std::size_t n, softmax_partial& state,
+                           simd_path path = active_simd_path());
+
+/// values[i] *= factor, i < n (a plain multiply: 0 * inf would be NaN).
+void scale_floats(float* values, std::size_t n, float factor, simd_path path = active_simd_path());
+
+/// Merges partial b and its unnormalized accumulator acc_b[0:d] into a and
+/// acc_a[0:d] (split-K attention, two threads' halves of a key range):
+///   m      = max(a.max, b.max)
+///   fa     = exp(a.max - m), fb = exp(b.max - m)  (0 for a side whose max is -inf)
+///   acc_a  = (acc_a * fa) + (acc_b * fb)          (two products, then one add)
+///   a.sum  = (a.sum * fa) + (b.sum * fb)
+///   a.max  = m
+/// When both maxima are -inf, a and acc_a are left as they are. acc_b may not
+/// overlap acc_a.
+void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b,
+                    std::size_t d, simd_path path = active_simd_path());
+
+/// out[i] = acc[i] * (1 / sum), i < d: one reciprocal, then a multiply per
+/// element. sum == 0 (a row with no visible key) gives zeros, never NaN.
+/// out may be acc itself.
+void normalize_row(const float* acc, float sum, float* out, std::size_t d,
+                   simd_path path = active_simd_path());
+
+/// Per-ISA kernels behind the functions above (same contracts); defined in
+/// softmax_impl.hpp and explicitly instantiated in engine/arch/<isa>.cpp.
+template <class Arch>
+struct softmax_kernels {
+  static void exp_floats(const float* in, float* out, std::size_t n);
+  static void softmax_row(float* row, std::size_t n);
+  static float online_softmax_block(float* scores, std::size_t n, softmax_partial& state);
+  static void scale_floats(float* values, std::size_t n, float factor);
+  static void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b,
+                             std::size_t d);
+  static void normalize_row(const float* acc, float sum, float* out, std::size_t d);
+};
+
+}  // namespace kvhead::engine

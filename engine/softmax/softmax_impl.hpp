@@ -1,0 +1,224 @@
+// The softmax kernels (contracts in softmax.hpp), written once with xsimd for
+// every ISA. Include only from engine/arch/<isa>.cpp.
+//
+// Every kernel walks its rows in W-wide vectors, W = batch::size. xsimd 8.1
+// has no masked loads, so the last n % W elements are copied into a W-float
+// aligned buffer padded with a neutral value, run through the same vector
+// code, and copied back: the tail gets exactly the arithmetic of a full
+// vector, and nothing outside [0, n) is read or written.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+
+#include <xsimd/xsimd.hpp>
+
+#include "engine/arch/dispatch.hpp"
+#include "engine/softmax/softmax.hpp"
+
+namespace kvhead::engine {
+namespace softmax_detail {
+
+inline constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
+
+// Calls body(x) for each W-wide block x of in[0:n], the tail padded with `pad`.
+template <class Arch, class Body>
+void read_blocks(const float* in, std::size_t n, float pad, Body&& body) {
+  using batch = xsimd::batch<float, Arch>;
+  constexpr std::size_t width = batch::size;
+  const std::size_t full = n - n % width;
+  for (std::size_t i = 0; i < full; i += width) body(batch::load_unaligned(in + i));
+  if (full == n) return;
+  alignas(Arch::alignment()) float tail[width];
+  std::fill(tail, tail + width, pad);
+  std::copy(in + full, in + n, tail);
+  body(batch::load_aligned(tail));
+}
+
+// out[block] = body(in[block]) for each W-wide block of [0, n), the tail
+// through a copy padded with `pad`. out may be in (each block is loaded
+// before it is stored).
+template <class Arch, class Body>
+void map_blocks(const float* in, float* out, std::size_t n, float pad, Body&& body) {
+  using batch = xsimd::batch<float, Arch>;
+  constexpr std::size_t width = batch::size;
+  const std::size_t full = n - n % width;
+  for (std::size_t i = 0; i < full; i += width) body(batch::load_unaligned(in + i)).store_unaligned(out + i);
+  if (full == n) return;
+  alignas(Arch::alignment()) float tail[width];
+  std::fill(tail, tail + width, pad);
+  std::copy(in + full, in + n, tail);
+  body(batch::load_aligned(tail)).store_aligned(tail);
+  std::copy(tail, tail + (n - full), out + full);
+}
+
+// out[block] = body(x[block], y[block]) for each W-wide block, tails padded with 0.
+template <class Arch, class Body>
+void map_blocks2(const float* x, const float* y, float* out, std::size_t n, Body&& body) {
+  using batch = xsimd::batch<float, Arch>;
+  constexpr std::size_t width = batch::size;
+  const std::size_t full = n - n % width;
+  for (std::size_t i = 0; i < full; i += width)
+    body(batch::load_unaligned(x + i), batch::load_unaligned(y + i)).store_unaligned(out + i);
+  if (full == n) return;
+  alignas(Arch::alignment()) float x_tail[width] = {};
+  alignas(Arch::alignment()) float y_tail[width] = {};
+  std::copy(x + full, x + n, x_tail);
+  std::copy(y + full, y + n, y_tail);
+  body(batch::load_aligned(x_tail), batch::load_aligned(y_tail)).store_aligned(x_tail);
+  std::copy(x_tail, x_tail + (n - full), out + full);
+}
+
+// exp of one scalar through the vector exp, so a correction factor rounds
+// exactly like the scores it rescales.
+template <class Arch>
+float exp_scalar(float x) {
+  using batch = xsimd::batch<float, Arch>;
+  alignas(Arch::alignment()) float lanes[batch::size];
+  xsimd::exp(batch(x)).store_aligned(lanes);
+  return lanes[0];
+}
+
+// Pass "max" of softmax: max over x[0:n] ignoring NaN, -inf when n = 0 or all
+// are -inf. Shapes: one row, contiguous. A vector running max from -inf (the
+// -inf padding never wins); xsimd 8.1 has no reduce_max, so the W lanes are
+// stored to an aligned array and reduced by a scalar loop. max(x, running)
+// maps to maxps(x, running), which returns `running` when x is NaN.
+template <class Arch>
+float row_max(const float* x, std::size_t n) {
+  using batch = xsimd::batch<float, Arch>;
+  batch running(minus_infinity);
+  read_blocks<Arch>(x, n, minus_infinity, [&](const batch& v) { running = xsimd::max(v, running); });
+  alignas(Arch::alignment()) float lanes[batch::size];
+  running.store_aligned(lanes);
+  float result = minus_infinity;
+  for (float lane : lanes) result = lane > result ? lane : result;
+  return result;
+}
+
+// Pass "exp and sum": x[j] = exp(x[j] - shift) in place, returns the sum of
+// the new x in the fixed order of softmax.hpp (lane-wise in increasing j,
+// then hadd). The -inf padding becomes exp(-inf) = 0 and adds exactly 0.
+template <class Arch>
+float exp_shift_sum(float* x, std::size_t n, float shift) {
+  using batch = xsimd::batch<float, Arch>;
+  const batch shift_v(shift);
+  batch sum(0.0f);
+  map_blocks<Arch>(x, x, n, minus_infinity, [&](const batch& v) {
+    const batch e = xsimd::exp(v - shift_v);
+    sum += e;
+    return e;
+  });
+  return xsimd::hadd(sum);
+}
+
+template <class Arch>
+void fill_zeros(float* out, std::size_t n) {
+  std::fill(out, out + n, 0.0f);
+}
+
+}  // namespace softmax_detail
+
+// exp_floats: in[0:n] -> out[0:n], one pass, elementwise, so each out[i]
+// depends on in[i] alone. Tail padded with 0 (any finite value would do).
+template <class Arch>
+void softmax_kernels<Arch>::exp_floats(const float* in, float* out, std::size_t n) {
+  using batch = xsimd::batch<float, Arch>;
+  softmax_detail::map_blocks<Arch>(in, out, n, 0.0f, [](const batch& v) { return xsimd::exp(v); });
+}
+
+// softmax_row: row[0:n] in place, contiguous.
+//   Pass 1: m = max(row), NaN skipped; -inf when the row is fully masked.
+//   Pass 2: row[j] = exp(row[j] - shift), sum = fixed-order sum, where
+//           shift = m, or 0 when m = -inf (so masked -inf stays -inf and
+//           becomes 0 instead of the NaN of -inf - -inf). Subtracting the max
+//           keeps every argument <= 0: no overflow, and sum >= 1 unless the
+//           row is fully masked (sum = 0) or holds NaN / +inf (sum = NaN).
+//   Pass 3: sum = 0 -> zeros; otherwise row[j] *= 1 / sum.
+// Three passes over the row (the exp pass is the cost; a row of up to a few
+// thousand floats stays in L1/L2 between them).
+template <class Arch>
+void softmax_kernels<Arch>::softmax_row(float* row, std::size_t n) {
+  using batch = xsimd::batch<float, Arch>;
+  if (n == 0) return;
+  const float max = softmax_detail::row_max<Arch>(row, n);
+  const float shift = max == softmax_detail::minus_infinity ? 0.0f : max;
+  const float sum = softmax_detail::exp_shift_sum<Arch>(row, n, shift);
+  if (sum == 0.0f) {
+    softmax_detail::fill_zeros<Arch>(row, n);
+    return;
+  }
+  const batch inverse(1.0f / sum);
+  softmax_detail::map_blocks<Arch>(row, row, n, 0.0f, [&](const batch& v) { return v * inverse; });
+}
+
+// online_softmax_block: scores[0:n] in place (one query row against one key
+// block), state is that row's running (max, sum).
+//   Pass 1: block max (NaN skipped); new_max = max(state.max, block max).
+//   Pass 2: scores = exp(scores - shift) and their fixed-order sum, shift as
+//           in softmax_row (0 when new_max = -inf, so masked scores give 0).
+//   Then:   correction = exp(state.max - new_max) through the same vector exp
+//           (1 when new_max = -inf); state.sum = state.sum * correction + sum.
+template <class Arch>
+float softmax_kernels<Arch>::online_softmax_block(float* scores, std::size_t n, softmax_partial& state) {
+  if (n == 0) return 1.0f;
+  const float block_max = softmax_detail::row_max<Arch>(scores, n);
+  const float new_max = block_max > state.max ? block_max : state.max;
+  const bool nothing_visible = new_max == softmax_detail::minus_infinity;
+  const float shift = nothing_visible ? 0.0f : new_max;
+  const float block_sum = softmax_detail::exp_shift_sum<Arch>(scores, n, shift);
+  const float correction = nothing_visible ? 1.0f : softmax_detail::exp_scalar<Arch>(state.max - new_max);
+  // Nothing visible: block_sum is 0 (or NaN from a NaN score) and the sum
+  // stays as it was (or becomes NaN).
+  state.sum = state.sum * correction + block_sum;
+  state.max = new_max;
+  return correction;
+}
+
+// scale_floats: values[0:n] *= factor, one pass.
+template <class Arch>
+void softmax_kernels<Arch>::scale_floats(float* values, std::size_t n, float factor) {
+  using batch = xsimd::batch<float, Arch>;
+  const batch factor_v(factor);
+  softmax_detail::map_blocks<Arch>(values, values, n, 0.0f, [&](const batch& v) { return v * factor_v; });
+}
+
+// merge_partials: acc_a[0:d], acc_b[0:d] unnormalized output rows of one
+// query over two disjoint key ranges. Factors by the same vector exp as the
+// scores, then one pass: acc_a = (acc_a * fa) + (acc_b * fb).
+template <class Arch>
+void softmax_kernels<Arch>::merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b,
+                                           const float* acc_b, std::size_t d) {
+  using batch = xsimd::batch<float, Arch>;
+  constexpr float minus_infinity = softmax_detail::minus_infinity;
+  if (a.max == minus_infinity && b.max == minus_infinity) return;
+  const float max = b.max > a.max ? b.max : a.max;
+  const float fa = a.max == minus_infinity ? 0.0f : softmax_detail::exp_scalar<Arch>(a.max - max);
+  const float fb = b.max == minus_infinity ? 0.0f : softmax_detail::exp_scalar<Arch>(b.max - max);
+  const batch fa_v(fa), fb_v(fb);
+  softmax_detail::map_blocks2<Arch>(acc_a, acc_b, acc_a, d, [&](const batch& x, const batch& y) {
+    const batch x_part = x * fa_v;
+    const batch y_part = y * fb_v;
+    return x_part + y_part;
+  });
+  const float a_part = a.sum * fa;
+  const float b_part = b.sum * fb;
+  a.sum = a_part + b_part;
+  a.max = max;
+}
+
+// normalize_row: acc[0:d] -> out[0:d], one pass: out = acc * (1 / sum), or
+// zeros when sum = 0 (no visible key).
+template <class Arch>
+void softmax_kernels<Arch>::normalize_row(const float* acc, float sum, float* out, std::size_t d) {
+  using batch = xsimd::batch<float, Arch>;
+  if (sum == 0.0f) {
+    softmax_detail::fill_zeros<Arch>(out, d);
+    return;
+  }
+  const batch inverse(1.0f / sum);
+  softmax_detail::map_blocks<Arch>(acc, out, d, 0.0f, [&](const batch& v) { return v * inverse; });
+}
+
+}  // namespace kvhead::engine

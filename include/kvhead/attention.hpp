@@ -1,0 +1,140 @@
+// kvhead: scaled-dot-product attention for CPUs, in PyTorch / Hugging Face
+// conventions. Two entry points:
+//
+//   scaled_dot_product_attention()  already-projected Q, K, V (callers that own
+//                                   their projections and RoPE);
+//   attention_layer                 one whole attention layer of a transformer:
+//                                   projections (nn.Linear layout), RoPE,
+//                                   attention, output projection.
+//
+// Heads. num_heads query heads H share num_kv_heads key/value heads G (G must
+// divide H): MHA when G = H, MQA when G = 1, GQA between. Query head h reads
+// kv head h / (H / G). K and V are never copied per query head.
+//
+// Masks, one rule. Query row i has the absolute position q_offset + i. Batch
+// element b has valid_len[b] keys (right padding; default kv_len). Key j is
+// visible to query i iff j < valid_len[b] and, when causal, j <= q_offset + i.
+// An optional additive float mask [q_len, kv_len] (row-major, shared by every
+// batch element and head) is added to the scaled scores; -inf there hides a
+// key too. A query row with no visible key yields zeros, never NaN.
+//
+// Special values. NaN or Inf in the inputs reach only the outputs that attend
+// to them (keys hidden by causality or valid_len are never multiplied into
+// the output); a key hidden only by the additive mask still contributes 0 * v,
+// so a NaN or Inf value there propagates.
+//
+// Threads. Work runs on oneTBB in the caller's task arena: to bound the
+// threads, call from inside a tbb::task_arena of that size.
+//
+// Errors. Bad shapes or arguments throw std::invalid_argument naming the
+// problem; nothing is written then.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+
+namespace kvhead {
+
+/// A 4-D tensor [batch, heads, seq, head_dim] whose last axis is contiguous,
+/// with the other strides in floats: element (b, h, s, e) is at
+/// data[b * batch_stride + h * head_stride + s * seq_stride + e].
+template <class T>
+struct head_tensor {
+  T* data = nullptr;
+  std::size_t batch_stride = 0, head_stride = 0, seq_stride = 0;
+
+  /// Layout [batch, heads, seq, head_dim] (PyTorch's SDPA layout).
+  static head_tensor bhsd(T* data, std::size_t heads, std::size_t seq, std::size_t head_dim) {
+    return {data, heads * seq * head_dim, seq * head_dim, head_dim};
+  }
+  /// Layout [batch, seq, heads, head_dim] (what a projection writes).
+  static head_tensor bshd(T* data, std::size_t heads, std::size_t seq, std::size_t head_dim) {
+    return {data, seq * heads * head_dim, head_dim, heads * head_dim};
+  }
+};
+
+struct attention_dims {
+  std::size_t batch = 1;
+  std::size_t num_heads = 1;     // H
+  std::size_t num_kv_heads = 1;  // G, divides H
+  std::size_t q_len = 0;
+  std::size_t kv_len = 0;
+  std::size_t head_dim = 0;
+};
+
+struct attention_options {
+  /// Multiplies q . k; default 1 / sqrt(head_dim).
+  std::optional<float> scale;
+  bool causal = false;
+  /// Absolute position of query row 0; default kv_len - q_len (the queries
+  /// are the last positions). Required when causal and q_len > kv_len.
+  std::optional<std::size_t> q_offset;
+  /// [batch] visible key counts (each <= kv_len); null: kv_len for all.
+  const std::size_t* valid_len = nullptr;
+  /// [q_len, kv_len] added to the scaled scores; null: none.
+  const float* additive_mask = nullptr;
+  /// When set, also writes the attention probabilities [batch, num_heads,
+  /// q_len, kv_len] (row-major) through a separate materialized pass: meant
+  /// for small sizes and debugging (it stores q_len x kv_len per head). The
+  /// output itself is the same, bit for bit, with or without it.
+  float* probabilities = nullptr;
+};
+
+/// out = softmax(scale * q kᵀ + masks) v, per head. q and out have num_heads
+/// heads and q_len positions, k and v num_kv_heads heads and kv_len
+/// positions; all have head_dim floats per row. out may not overlap the
+/// inputs.
+void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q,
+                                  head_tensor<const float> k, head_tensor<const float> v,
+                                  head_tensor<float> out, const attention_options& options = {});
+
+struct attention_config {
+  std::size_t num_heads = 0;     // H
+  std::size_t num_kv_heads = 0;  // G; 0 means H (MHA)
+  std::size_t head_dim = 0;      // d
+  std::size_t d_model = 0;       // need not equal H * d
+  std::optional<float> scale;    // default 1 / sqrt(d)
+  bool causal = false;
+  double rope_theta = 0.0;       // 0: no RoPE; else needs an even head_dim
+};
+
+/// One nn.Linear: weight [out_features, in_features] row-major, y = x Wᵀ + b.
+/// bias may be null.
+struct linear_weights {
+  const float* weight = nullptr;
+  const float* bias = nullptr;
+};
+
+/// q_proj [H d, d_model], k_proj and v_proj [G d, d_model], o_proj [d_model, H d].
+struct attention_weights {
+  linear_weights q_proj, k_proj, v_proj, o_proj;
+};
+
+/// One attention layer. The constructor validates the configuration, copies
+/// and packs the weights (the caller's arrays may be freed afterwards).
+///
+/// RoPE follows Hugging Face Llama: rotate_half (pairs (i, i + d/2)),
+/// inv_freq_i = theta^(-2i/d), angle = position * inv_freq_i, cos and sin
+/// computed in double and rounded to float; positions are absolute, 0 for
+/// the first token of each sequence. With H = G, no RoPE and no mask the
+/// result equals torch.nn.MultiheadAttention with in_proj = [Wq; Wk; Wv].
+class attention_layer {
+ public:
+  attention_layer(const attention_config& config, const attention_weights& weights);
+  ~attention_layer();
+  attention_layer(attention_layer&&) noexcept;
+  attention_layer& operator=(attention_layer&&) noexcept;
+
+  const attention_config& config() const;
+
+  /// y = layer(x): x and y are [batch, seq, d_model] row-major; y may not
+  /// overlap x. Every sequence starts at position 0; causal as configured.
+  void forward(const float* x, std::size_t batch, std::size_t seq, float* y) const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace kvhead

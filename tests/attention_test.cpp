@@ -1,0 +1,303 @@
+// Tiled attention against the double reference on every SIMD path, over GQA
+// ratios, head dims, lengths around the tile sizes, every mask kind, batch > 1
+// and both activation layouts.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/attention/flash_attention.hpp"
+#include "kvhead/attention.hpp"
+#include "kvhead/config.hpp"
+#include "tests/reference/attention_reference.hpp"
+
+namespace {
+
+using kvhead::attention_dims;
+using kvhead::head_tensor;
+using kvhead::simd_path;
+
+constexpr double unit_roundoff = std::numeric_limits<float>::epsilon() / 2;
+
+struct sdpa_setup {
+  attention_dims dims;
+  bool bshd_layout = false;
+  bool causal = false;
+  bool explicit_offset = false;
+  bool padded = false;  // valid_len < kv_len for some batch elements
+  bool additive = false;
+};
+
+struct sdpa_data {
+  std::vector<float> q, k, v, mask;
+  std::vector<std::size_t> valid_len;
+  head_tensor<const float> q_view, k_view, v_view;
+  std::size_t q_offset = 0;
+};
+
+head_tensor<const float> make_view(const std::vector<float>& data, bool bshd, std::size_t heads, std::size_t seq,
+                                   std::size_t head_dim) {
+  return bshd ? head_tensor<const float>::bshd(data.data(), heads, seq, head_dim)
+              : head_tensor<const float>::bhsd(data.data(), heads, seq, head_dim);
+}
+
+sdpa_data make_data(const sdpa_setup& setup, std::mt19937& generator) {
+  const attention_dims& d = setup.dims;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  sdpa_data data;
+  data.q.resize(d.batch * d.num_heads * d.q_len * d.head_dim);
+  data.k.resize(d.batch * d.num_kv_heads * d.kv_len * d.head_dim);
+  data.v.resize(data.k.size());
+  for (auto* values : {&data.q, &data.k, &data.v})
+    for (float& x : *values) x = normal(generator);
+  data.q_view = make_view(data.q, setup.bshd_layout, d.num_heads, d.q_len, d.head_dim);
+  data.k_view = make_view(data.k, setup.bshd_layout, d.num_kv_heads, d.kv_len, d.head_dim);
+  data.v_view = make_view(data.v, setup.bshd_layout, d.num_kv_heads, d.kv_len, d.head_dim);
+  data.q_offset = d.kv_len >= d.q_len ? d.kv_len - d.q_len : 0;
+  if (setup.explicit_offset) data.q_offset = generator() % (d.kv_len + 1);
+  if (setup.padded) {
+    data.valid_len.resize(d.batch);
+    for (std::size_t& valid : data.valid_len) valid = generator() % (d.kv_len + 1);
+    data.valid_len[0] = d.kv_len;
+  }
+  if (setup.additive) {
+    data.mask.resize(d.q_len * d.kv_len);
+    std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+    for (float& x : data.mask) x = generator() % 7 == 0 ? -INFINITY : uniform(generator);
+  }
+  return data;
+}
+
+kvhead::engine::attention_problem make_problem(const sdpa_setup& setup, const sdpa_data& data,
+                                               std::vector<float>& out, simd_path path) {
+  const attention_dims& d = setup.dims;
+  out.assign(d.batch * d.num_heads * d.q_len * d.head_dim, std::numeric_limits<float>::quiet_NaN());
+  head_tensor<float> out_view = setup.bshd_layout ? head_tensor<float>::bshd(out.data(), d.num_heads, d.q_len, d.head_dim)
+                                                  : head_tensor<float>::bhsd(out.data(), d.num_heads, d.q_len, d.head_dim);
+  return {d,
+          data.q_view,
+          data.k_view,
+          data.v_view,
+          out_view,
+          float(1.0 / std::sqrt(double(d.head_dim))),
+          setup.causal,
+          data.q_offset,
+          data.valid_len.empty() ? nullptr : data.valid_len.data(),
+          data.mask.empty() ? nullptr : data.mask.data(),
+          path};
+}
+
+// Error bound of one output element (derivation in the comments):
+//   score error  ds <= (2d + 6) u (S + 2): the GEMM's sum over d (gemm_test),
+//                 the scale and the mask add; S = max_j scale sum|q k_j|, 2 = max|mask|;
+//   probability  relative error <= 2 ds + 4 u S (rounding of s - max)
+//                 + (4 n + 8 chunks + 16) u (exp, the sums, merges, normalization);
+//   output       |o - ref| <= max|v| * that (sum_j p_j = 1).
+double bound(const kvhead::reference::sdpa_result& ref, std::size_t row, std::size_t head_dim,
+             std::size_t kv_len) {
+  const double score = ref.score_magnitude[row];
+  const double chunks = double(kv_len / kvhead::engine::kv_chunk + 1);
+  const double score_error = (2.0 * double(head_dim) + 6.0) * unit_roundoff * (score + 2.0);
+  const double relative = 2.0 * score_error + 4.0 * unit_roundoff * score +
+                          (4.0 * double(kv_len) + 8.0 * chunks + 16.0) * unit_roundoff;
+  return ref.value_magnitude[row] * relative + 1e-30;
+}
+
+void check_sdpa(const sdpa_setup& setup, simd_path path, std::mt19937& generator) {
+  const attention_dims& d = setup.dims;
+  const sdpa_data data = make_data(setup, generator);
+  std::vector<float> out;
+  const auto problem = make_problem(setup, data, out, path);
+  kvhead::engine::flash_attention(problem);
+
+  auto strided = [](head_tensor<const float> view) {
+    return kvhead::reference::strided4{view.data, view.batch_stride, view.head_stride, view.seq_stride};
+  };
+  const auto ref = kvhead::reference::sdpa(
+      {d.batch, d.num_heads, d.num_kv_heads, d.q_len, d.kv_len, d.head_dim, problem.scale, setup.causal,
+       data.q_offset, problem.valid_len, problem.additive_mask},
+      strided(data.q_view), strided(data.k_view), strided(data.v_view));
+
+  std::size_t failures = 0;
+  double worst = 0.0;
+  for (std::size_t b = 0; b < d.batch; ++b)
+    for (std::size_t h = 0; h < d.num_heads; ++h)
+      for (std::size_t i = 0; i < d.q_len; ++i) {
+        const std::size_t row = (b * d.num_heads + h) * d.q_len + i;
+        const float* got = problem.out.data + b * problem.out.batch_stride + h * problem.out.head_stride +
+                           i * problem.out.seq_stride;
+        const double tolerance = bound(ref, row, d.head_dim, d.kv_len);
+        for (std::size_t e = 0; e < d.head_dim; ++e) {
+          const double error = std::fabs(double(got[e]) - ref.out[row * d.head_dim + e]);
+          if (!(error <= tolerance)) ++failures;
+          worst = std::max(worst, error / tolerance);
+        }
+      }
+  INFO("path " << std::string(kvhead::to_string(path)) << " batch=" << d.batch << " H=" << d.num_heads
+               << " G=" << d.num_kv_heads << " q_len=" << d.q_len << " kv_len=" << d.kv_len << " d=" << d.head_dim
+               << " bshd=" << setup.bshd_layout << " causal=" << setup.causal << " offset=" << data.q_offset
+               << " padded=" << setup.padded << " additive=" << setup.additive << " worst/tol=" << worst);
+  CHECK(failures == 0);
+}
+
+}  // namespace
+
+TEST_CASE("attention matches the double reference: GQA ratios, head dims, lengths, masks, every SIMD path") {
+  const std::vector<std::size_t> head_dims = {1, 7, 24, 64, 80, 128};
+  // Around the query tile (128 stacked rows / R) and the KV chunk (256), primes, long.
+  const std::vector<std::size_t> lengths = {1, 2, 31, 32, 33, 127, 128, 129, 255, 256, 257, 97, 211, 701};
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    std::mt19937 generator(1129);
+    auto pick = [&](const auto& list) { return list[generator() % list.size()]; };
+    for (int sample = 0; sample < 40; ++sample) {
+      sdpa_setup setup;
+      const std::size_t kv_heads = pick(std::vector<std::size_t>{1, 2, 3});
+      const std::size_t ratio = pick(std::vector<std::size_t>{1, 2, 4, 0});  // 0: MQA (G = 1, R = H)
+      setup.dims.num_kv_heads = ratio == 0 ? 1 : kv_heads;
+      setup.dims.num_heads = ratio == 0 ? pick(std::vector<std::size_t>{3, 8}) : kv_heads * ratio;
+      setup.dims.batch = 1 + generator() % 3;
+      setup.dims.head_dim = pick(head_dims);
+      setup.dims.kv_len = pick(lengths);
+      setup.dims.q_len = generator() % 3 == 0 ? setup.dims.kv_len : pick(lengths);
+      // Keep the double reference fast: at most ~30M multiply-adds per case.
+      while (setup.dims.batch * setup.dims.num_heads * setup.dims.q_len * setup.dims.kv_len * setup.dims.head_dim >
+             30'000'000)
+        setup.dims.q_len = std::max<std::size_t>(1, setup.dims.q_len / 2);
+      setup.bshd_layout = generator() & 1;
+      setup.causal = generator() % 3 != 0;
+      setup.explicit_offset = generator() % 4 == 0 || setup.dims.q_len > setup.dims.kv_len;
+      setup.padded = generator() % 3 == 0;
+      setup.additive = generator() % 4 == 0;
+      check_sdpa(setup, path, generator);
+    }
+  }
+}
+
+TEST_CASE("attention: a query with no visible key gives zeros, and zero-length keys give zeros") {
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    std::mt19937 generator(5);
+    sdpa_setup setup;
+    setup.dims = {2, 4, 2, 9, 12, 8};
+    setup.padded = true;
+    sdpa_data data = make_data(setup, generator);
+    data.valid_len = {0, 3};
+    std::vector<float> out;
+    auto problem = make_problem(setup, data, out, path);
+    kvhead::engine::flash_attention(problem);
+    const std::size_t per_batch = setup.dims.num_heads * setup.dims.q_len * setup.dims.head_dim;
+    for (std::size_t i = 0; i < per_batch; ++i) CHECK(out[i] == 0.0f);
+    for (std::size_t i = per_batch; i < out.size(); ++i) CHECK(std::isfinite(out[i]));
+
+    setup.dims.kv_len = 0;
+    setup.padded = false;
+    data = make_data(setup, generator);
+    problem = make_problem(setup, data, out, path);
+    kvhead::engine::flash_attention(problem);
+    for (float x : out) CHECK(x == 0.0f);
+  }
+}
+
+TEST_CASE("attention: NaN in a key reaches only the queries that see it") {
+  std::mt19937 generator(9);
+  sdpa_setup setup;
+  setup.dims = {1, 2, 1, 300, 300, 16};
+  setup.causal = true;
+  sdpa_data data = make_data(setup, generator);
+  const std::size_t poisoned = 270;  // in the second KV chunk, on the diagonal tile
+  for (std::size_t e = 0; e < 16; ++e) {
+    data.k[poisoned * 16 + e] = NAN;
+    data.v[poisoned * 16 + e] = NAN;
+  }
+  std::vector<float> out;
+  const auto problem = make_problem(setup, data, out, kvhead::active_simd_path());
+  kvhead::engine::flash_attention(problem);
+  for (std::size_t h = 0; h < 2; ++h)
+    for (std::size_t i = 0; i < 300; ++i) {
+      const float x = out[(h * 300 + i) * 16];
+      INFO("head " << h << " query " << i);
+      CHECK(std::isnan(x) == (i >= poisoned));
+    }
+}
+
+TEST_CASE("attention: probabilities on request, the output unchanged bit for bit") {
+  std::mt19937 generator(11);
+  sdpa_setup setup;
+  setup.dims = {2, 4, 2, 5, 7, 8};
+  setup.causal = true;
+  setup.additive = true;
+  const sdpa_data data = make_data(setup, generator);
+  kvhead::attention_options options;
+  options.causal = true;
+  options.additive_mask = data.mask.data();
+  const attention_dims& d = setup.dims;
+  std::vector<float> plain(d.batch * d.num_heads * d.q_len * d.head_dim), with(plain.size());
+  std::vector<float> probabilities(d.batch * d.num_heads * d.q_len * d.kv_len);
+  auto out_view = [&](std::vector<float>& out) { return head_tensor<float>::bhsd(out.data(), d.num_heads, d.q_len, d.head_dim); };
+  kvhead::scaled_dot_product_attention(d, data.q_view, data.k_view, data.v_view, out_view(plain), options);
+  options.probabilities = probabilities.data();
+  kvhead::scaled_dot_product_attention(d, data.q_view, data.k_view, data.v_view, out_view(with), options);
+  CHECK(std::memcmp(plain.data(), with.data(), plain.size() * sizeof(float)) == 0);
+  const auto ref = kvhead::reference::sdpa({d.batch, d.num_heads, d.num_kv_heads, d.q_len, d.kv_len, d.head_dim,
+                                            1.0 / std::sqrt(8.0), true, d.kv_len - d.q_len, nullptr, data.mask.data()},
+                                           {data.q.data(), d.num_heads * d.q_len * 8, d.q_len * 8, 8},
+                                           {data.k.data(), d.num_kv_heads * d.kv_len * 8, d.kv_len * 8, 8},
+                                           {data.v.data(), d.num_kv_heads * d.kv_len * 8, d.kv_len * 8, 8});
+  for (std::size_t i = 0; i < probabilities.size(); ++i)
+    CHECK(std::fabs(probabilities[i] - ref.probability[i]) <= 1e-5);
+}
+
+TEST_CASE("attention rejects bad arguments with a message naming them") {
+  std::vector<float> q(64), out(64);
+  auto view = [](std::vector<float>& x) { return head_tensor<float>::bhsd(x.data(), 2, 2, 4); };
+  auto cview = [](const std::vector<float>& x) { return head_tensor<const float>::bhsd(x.data(), 2, 2, 4); };
+  CHECK_THROWS_WITH_AS(kvhead::scaled_dot_product_attention({1, 3, 2, 2, 2, 4}, cview(q), cview(q), cview(q), view(out)),
+                       doctest::Contains("not a multiple of num_kv_heads"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(kvhead::scaled_dot_product_attention({1, 2, 2, 2, 2, 0}, cview(q), cview(q), cview(q), view(out)),
+                       doctest::Contains("head_dim"), std::invalid_argument);
+  kvhead::attention_options causal;
+  causal.causal = true;
+  CHECK_THROWS_WITH_AS(
+      kvhead::scaled_dot_product_attention({1, 2, 2, 3, 2, 4}, cview(q), cview(q), cview(q), view(out), causal),
+      doctest::Contains("q_offset"), std::invalid_argument);
+  const std::size_t too_long[] = {3};
+  kvhead::attention_options padded;
+  padded.valid_len = too_long;
+  CHECK_THROWS_WITH_AS(
+      kvhead::scaled_dot_product_attention({1, 2, 2, 2, 2, 4}, cview(q), cview(q), cview(q), view(out), padded),
+      doctest::Contains("valid_len[0]"), std::invalid_argument);
+}
+
+TEST_CASE("attention determinism: one query alone is bit-identical to the same query inside a prefill") {
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    std::mt19937 generator(21);
+    sdpa_setup setup;
+    setup.dims = {1, 8, 2, 600, 600, 24};
+    setup.causal = true;
+    const sdpa_data data = make_data(setup, generator);
+    std::vector<float> full;
+    kvhead::engine::flash_attention(make_problem(setup, data, full, path));
+    for (std::size_t position : {0, 1, 130, 255, 256, 257, 511, 599}) {
+      // The same query as a one-row decode step over the keys [0, position].
+      sdpa_setup step = setup;
+      step.dims.q_len = 1;
+      step.dims.kv_len = position + 1;
+      sdpa_data step_data = data;
+      step_data.q_view.data = data.q.data() + position * setup.dims.head_dim;
+      step_data.q_offset = position;
+      std::vector<float> out;
+      auto problem = make_problem(step, step_data, out, path);
+      problem.out = head_tensor<float>{out.data(), 0, setup.dims.head_dim, 0};
+      kvhead::engine::flash_attention(problem);
+      for (std::size_t h = 0; h < setup.dims.num_heads; ++h) {
+        INFO("path " << std::string(kvhead::to_string(path)) << " position " << position << " head " << h);
+        CHECK(std::memcmp(out.data() + h * setup.dims.head_dim,
+                          full.data() + (h * setup.dims.q_len + position) * setup.dims.head_dim,
+                          setup.dims.head_dim * sizeof(float)) == 0);
+      }
+    }
+  }
+}
