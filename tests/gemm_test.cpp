@@ -183,7 +183,15 @@ TEST_CASE("gemm determinism: a row of C is bit-identical for any m, thread count
     }
     const packed_b packed(k, n, b_op, path);
     std::vector<float> c(m * n);
-    gemm(m, 1.0f, {a.data(), k, transpose::no}, packed, 0.0f, c.data(), n);
+    gemm({m, n, k}, 1.0f, {a.data(), k, transpose::no}, packed, 0.0f, c.data(), n);
     CHECK(c == full);
+    // A leading block of the packed B equals the GEMM over that block unpacked.
+    for (gemm_shape block : {gemm_shape{m, n - 7, k - 5}, gemm_shape{9, config.nr + 1, config.kc + 1},
+                             gemm_shape{3, 1, 1}}) {
+      std::vector<float> from_packed(block.m * block.n), unpacked(block.m * block.n);
+      gemm(block, 1.0f, {a.data(), k, transpose::no}, packed, 0.0f, from_packed.data(), block.n);
+      gemm(block, 1.0f, {a.data(), k, transpose::no}, b_op, 0.0f, unpacked.data(), block.n, path);
+      CHECK(std::memcmp(from_packed.data(), unpacked.data(), unpacked.size() * sizeof(float)) == 0);
+    }
   }
 }

@@ -412,9 +412,11 @@ TEST_CASE("normalize_row: acc / sum within two roundings, in place, sum 0 gives 
         std::vector<float> out(d);
         normalize_row(acc.data(), sum, out.data(), d, path);
         std::size_t failures = 0;
+        const float inverse = 1.0f / sum;
         for (std::size_t i = 0; i < d; ++i) {
           const double expected = double(acc[i]) / double(sum);  // one reciprocal, one multiply: 2u
           if (!(std::fabs(double(out[i]) - expected) <= 2.0 * unit_roundoff * std::fabs(expected))) ++failures;
+          if (!same_bits(out[i], acc[i] * inverse)) ++failures;  // exactly that, on every path
         }
         CHECK(failures == 0);
         std::vector<float> in_place = acc;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include <tbb/parallel_for.h>
 
@@ -30,6 +31,28 @@ void add_mask(const attention_problem& problem, float* scores, std::size_t ld, s
   }
 }
 
+// K and V of one (batch, kv head), packed once per chunk as GEMM B operands:
+// keys[c] is K[chunk c]ᵀ (head_dim x width), values[c] is V[chunk c] (width x head_dim).
+struct packed_kv_head {
+  std::vector<packed_b> keys, values;
+};
+
+packed_kv_head pack_kv_head(const attention_problem& problem, std::size_t batch, std::size_t kv_head,
+                            std::size_t keys_seen) {
+  const std::size_t head_dim = problem.dims.head_dim;
+  const float* k = problem.k.data + batch * problem.k.batch_stride + kv_head * problem.k.head_stride;
+  const float* v = problem.v.data + batch * problem.v.batch_stride + kv_head * problem.v.head_stride;
+  packed_kv_head packed;
+  for (std::size_t key0 = 0; key0 < keys_seen; key0 += kv_chunk) {
+    const std::size_t width = std::min(kv_chunk, keys_seen - key0);
+    packed.keys.emplace_back(head_dim, width, gemm_operand{k + key0 * problem.k.seq_stride, problem.k.seq_stride,
+                                                           transpose::yes}, problem.path);
+    packed.values.emplace_back(width, head_dim, gemm_operand{v + key0 * problem.v.seq_stride, problem.v.seq_stride,
+                                                             transpose::no}, problem.path);
+  }
+  return packed;
+}
+
 // True when rows[0:count] (row_stride apart, head_dim floats each) are finite.
 bool all_finite(const float* rows, std::size_t count, std::size_t head_dim, std::size_t row_stride) {
   for (std::size_t row = 0; row < count; ++row)
@@ -40,8 +63,9 @@ bool all_finite(const float* rows, std::size_t count, std::size_t head_dim, std:
 
 // One task: kv head `kv_head` of batch element `batch`, query positions
 // [position0, position0 + positions). Passes numbered as in the header.
-void attend_tile(const attention_problem& problem, std::size_t batch, std::size_t kv_head,
-                 std::size_t position0, std::size_t positions) {
+void attend_tile(const attention_problem& problem, const packed_kv_head& kv, std::size_t batch,
+                 std::size_t kv_head, std::size_t position0, std::size_t positions) {
+  const gemm_serial_scope serial;  // one task per tile already keeps the threads busy
   const attention_dims& dims = problem.dims;
   const std::size_t group = dims.num_heads / dims.num_kv_heads;  // R
   const std::size_t head_dim = dims.head_dim;
@@ -68,7 +92,6 @@ void attend_tile(const attention_problem& problem, std::size_t batch, std::size_
   std::fill(sum, sum + rows, 0.0f);
   std::fill(acc.data(), acc.data() + rows * head_dim, 0.0f);
 
-  const float* k_head = problem.k.data + batch * problem.k.batch_stride + kv_head * problem.k.head_stride;
   const float* v_head = problem.v.data + batch * problem.v.batch_stride + kv_head * problem.v.head_stride;
   // The last position sees the most keys (visible_end grows with the position).
   const std::size_t tile_end = problem.visible_end(batch, position0 + positions - 1);
@@ -79,10 +102,10 @@ void attend_tile(const attention_problem& problem, std::size_t batch, std::size_
       const std::size_t end = problem.visible_end(batch, position0 + position);
       return end <= key0 ? 0 : std::min(width, end - key0);
     };
-    // 2a. scores = scale * q kᵀ (K rows read as a transposed B), + mask.
-    gemm({rows, width, head_dim}, problem.scale, {q_rows.data(), head_dim, transpose::no},
-         {k_head + key0 * problem.k.seq_stride, problem.k.seq_stride, transpose::yes}, 0.0f, scores.data(),
-         kv_chunk, path);
+    const std::size_t chunk = key0 / kv_chunk;
+    // 2a. scores = scale * q kᵀ (+ mask), against the chunk's packed kᵀ.
+    gemm({rows, width, head_dim}, problem.scale, {q_rows.data(), head_dim, transpose::no}, kv.keys[chunk], 0.0f,
+         scores.data(), kv_chunk);
     if (problem.additive_mask != nullptr)
       add_mask(problem, scores.data(), kv_chunk, rows, group, position0, key0, width);
 
@@ -106,8 +129,8 @@ void attend_tile(const attention_problem& problem, std::size_t batch, std::size_
     auto multiply_pv = [&](std::size_t first_position, std::size_t end_position, std::size_t depth) {
       const std::size_t row0 = first_position * group;
       gemm({(end_position - first_position) * group, head_dim, depth}, 1.0f,
-           {scores.data() + row0 * kv_chunk, kv_chunk, transpose::no}, {v_chunk, problem.v.seq_stride, transpose::no},
-           0.0f, chunk_acc.data() + row0 * head_dim, head_dim, path);
+           {scores.data() + row0 * kv_chunk, kv_chunk, transpose::no}, kv.values[chunk], 0.0f,
+           chunk_acc.data() + row0 * head_dim, head_dim);
     };
     if (visible(0) == widest || all_finite(v_chunk, widest, head_dim, problem.v.seq_stride)) {
       for (std::size_t row = 0; row < rows; ++row)
@@ -157,11 +180,19 @@ void flash_attention(const attention_problem& problem) {
   const std::size_t group = dims.num_heads / dims.num_kv_heads;
   const std::size_t query_tile = std::max<std::size_t>(1, stacked_rows / group);
   const std::size_t tiles = ceil_div(dims.q_len, query_tile);
+  // 1. Pack K and V of every (batch, kv head), as far as the last query sees.
+  std::vector<packed_kv_head> packed(dims.batch * dims.num_kv_heads);
+  tbb::parallel_for(std::size_t{0}, packed.size(), [&](std::size_t index) {
+    const gemm_serial_scope serial;
+    const std::size_t batch = index / dims.num_kv_heads;
+    packed[index] = pack_kv_head(problem, batch, index % dims.num_kv_heads, problem.visible_end(batch, dims.q_len - 1));
+  });
+  // 2. Every (batch, kv head, query tile).
   tbb::parallel_for(std::size_t{0}, dims.batch * dims.num_kv_heads * tiles, [&](std::size_t task) {
-    const std::size_t tile = task % tiles, kv_head = task / tiles % dims.num_kv_heads;
-    const std::size_t batch = task / tiles / dims.num_kv_heads;
+    const std::size_t tile = task % tiles, head_index = task / tiles;
     const std::size_t position0 = tile * query_tile;
-    attend_tile(problem, batch, kv_head, position0, std::min(query_tile, dims.q_len - position0));
+    attend_tile(problem, packed[head_index], head_index / dims.num_kv_heads, head_index % dims.num_kv_heads,
+                position0, std::min(query_tile, dims.q_len - position0));
   });
 }
 

@@ -46,12 +46,18 @@ void validate_c(const float* c, std::size_t ldc, std::size_t m, std::size_t n) {
   require(ldc >= n, "ldc (" + std::to_string(ldc) + ") is smaller than n (" + std::to_string(n) + ")");
 }
 
+std::size_t& serial_depth() {
+  thread_local std::size_t depth = 0;  // open gemm_serial_scopes on this thread
+  return depth;
+}
+
 // Runs body(i) for i in [0, count): in parallel when the step is worth it.
 // Which thread runs an index never changes what it computes.
 template <class Body>
 void for_each_index(std::size_t count, double flops, const Body& body) {
   constexpr double serial_below_flops = 2e6;  // ~20 us: below this, task overhead dominates
-  if (count < 2 || flops < serial_below_flops || tbb::this_task_arena::max_concurrency() < 2) {
+  if (count < 2 || flops < serial_below_flops || serial_depth() > 0 ||
+      tbb::this_task_arena::max_concurrency() < 2) {
     for (std::size_t i = 0; i < count; ++i) body(i);
     return;
   }
@@ -236,16 +242,23 @@ const float* packed_b::block(std::size_t k_block) const {
   return panels_.data() + k_block * config_.kc * round_up(n_, config_.nr);
 }
 
-void gemm(std::size_t m, float alpha, gemm_operand a, const packed_b& b, float beta, float* c,
+void gemm(gemm_shape shape, float alpha, gemm_operand a, const packed_b& b, float beta, float* c,
           std::size_t ldc) {
-  validate_operand("A", a, m, b.k());
-  validate_c(c, ldc, m, b.n());
+  require(shape.k <= b.k() && shape.n <= b.n(),
+          "the block " + std::to_string(shape.k) + " x " + std::to_string(shape.n) +
+              " exceeds the packed B (" + std::to_string(b.k()) + " x " + std::to_string(b.n()) + ")");
+  validate_operand("A", a, shape.m, shape.k);
+  validate_c(c, ldc, shape.m, shape.n);
   const gemm_config& config = b.config();
-  auto prepacked_block = [&](std::size_t col0, std::size_t, std::size_t k0, std::size_t depth) {
-    return b_block{b.block(k0 / config.kc) + (col0 / config.nr) * depth * config.nr, depth * config.nr,
-                   config.nr, nullptr};
+  // Panels of packed block k0 / KC hold that block's full depth of b.k().
+  auto prepacked_block = [&](std::size_t col0, std::size_t, std::size_t k0, std::size_t) {
+    const std::size_t panel_stride = std::min(config.kc, b.k() - k0) * config.nr;
+    return b_block{b.block(k0 / config.kc) + (col0 / config.nr) * panel_stride, panel_stride, config.nr, nullptr};
   };
-  multiply(config, m, b.n(), b.k(), alpha, a, beta, c, ldc, prepacked_block);
+  multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, prepacked_block);
 }
+
+gemm_serial_scope::gemm_serial_scope() { ++serial_depth(); }
+gemm_serial_scope::~gemm_serial_scope() { --serial_depth(); }
 
 }  // namespace kvhead::engine

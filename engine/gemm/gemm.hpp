@@ -69,9 +69,20 @@ class packed_b {
   aligned_buffer panels_;
 };
 
-/// C = alpha * op(A) * B + beta * C with a pre-packed B (m x k times k x n).
-/// Same arithmetic, so the same bits, as gemm() with the unpacked B.
-void gemm(std::size_t m, float alpha, gemm_operand a, const packed_b& b, float beta, float* c,
+/// C = alpha * op(A) * B[0:k, 0:n] + beta * C: the leading k x n block of a
+/// pre-packed B (shape.k <= b.k(), shape.n <= b.n()), m x k times k x n.
+/// Same arithmetic, so the same bits, as gemm() with that block unpacked.
+void gemm(gemm_shape shape, float alpha, gemm_operand a, const packed_b& b, float beta, float* c,
           std::size_t ldc);
+
+/// While alive, GEMM calls made by this thread run serially (for callers that
+/// already run one GEMM per parallel task). Never changes a result.
+class gemm_serial_scope {
+ public:
+  gemm_serial_scope();
+  ~gemm_serial_scope();
+  gemm_serial_scope(const gemm_serial_scope&) = delete;
+  gemm_serial_scope& operator=(const gemm_serial_scope&) = delete;
+};
 
 }  // namespace kvhead::engine

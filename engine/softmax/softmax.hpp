@@ -33,9 +33,11 @@
 // the last n % W go through the same vector code on a copy padded to W (with
 // -inf where the padding enters a max or a sum, so it adds exactly 0). Sums
 // use one vector accumulator: lane l adds elements l, l + W, l + 2W, ... in
-// increasing order, then one xsimd::hadd. No FMA is used here (the build is
-// -ffp-contract=off), so everything except xsimd::exp itself (whose
-// polynomial uses FMA on avx2 only) rounds the same on every path.
+// increasing order, then one xsimd::hadd. No FMA is used outside xsimd::exp
+// (the build is -ffp-contract=off). Across paths: scale_floats and
+// normalize_row give the same bits on every path; exp differs (its
+// polynomial fuses on avx2 only), so does everything built on it, and so do
+// sums (their order depends on W).
 #pragma once
 
 #include <cmath>
@@ -74,7 +76,8 @@ void softmax_row(float* row, std::size_t n, simd_path path = active_simd_path())
 /// The caller rescales its unnormalized accumulator by the returned
 /// correction (scale_floats) before adding scores * V. When new_max is -inf
 /// (everything so far masked) the scores become 0, the state is unchanged and
-/// the correction is 1. n = 0 leaves the state unchanged and returns 1.
+/// the correction is 1. n = 0 leaves the state unchanged and returns 1. A
+/// NaN (or +inf) score makes state.sum NaN, so the row normalizes to NaN.
 float online_softmax_block(float* scores, std::size_t n, softmax_partial& state,
                            simd_path path = active_simd_path());
 
@@ -88,8 +91,8 @@ void scale_floats(float* values, std::size_t n, float factor, simd_path path = a
 ///   acc_a  = (acc_a * fa) + (acc_b * fb)          (two products, then one add)
 ///   a.sum  = (a.sum * fa) + (b.sum * fb)
 ///   a.max  = m
-/// When both maxima are -inf, a and acc_a are left as they are. acc_b may not
-/// overlap acc_a.
+/// When both maxima are -inf, a and acc_a are left as they are (so a NaN sum
+/// of a fully masked b is dropped). acc_b may not overlap acc_a.
 void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b,
                     std::size_t d, simd_path path = active_simd_path());
 

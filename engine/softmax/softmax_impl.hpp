@@ -113,6 +113,9 @@ float exp_shift_sum(float* x, std::size_t n, float shift) {
   return xsimd::hadd(sum);
 }
 
+// Templated on Arch like every helper here: this header is compiled with
+// different ISA flags in several TUs, so it holds no non-template function
+// (one inline definition built three ways would break the ODR).
 template <class Arch>
 void fill_zeros(float* out, std::size_t n) {
   std::fill(out, out + n, 0.0f);
