@@ -42,7 +42,7 @@ void gemm_prepacked(benchmark::State& state) {
   const packed_b packed(in.k, in.n, {in.b.data(), in.n, transpose::no});
   tbb::task_arena arena(int(state.range(3)));
   for (auto _ : state) {
-    arena.execute([&] { gemm({in.m, in.n, in.k}, 1.0f, {in.a.data(), in.k, transpose::no}, packed, 0.0f, in.c.data(), in.n); });
+    arena.execute([&] { gemm({in.m, in.n, in.k}, 1.0f, {in.a.data(), in.k, transpose::no}, packed.view(), 0.0f, in.c.data(), in.n); });
     benchmark::DoNotOptimize(in.c.data());
   }
   in.report(state);

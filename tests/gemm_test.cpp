@@ -183,15 +183,29 @@ TEST_CASE("gemm determinism: a row of C is bit-identical for any m, thread count
     }
     const packed_b packed(k, n, b_op, path);
     std::vector<float> c(m * n);
-    gemm({m, n, k}, 1.0f, {a.data(), k, transpose::no}, packed, 0.0f, c.data(), n);
+    gemm({m, n, k}, 1.0f, {a.data(), k, transpose::no}, packed.view(), 0.0f, c.data(), n);
     CHECK(c == full);
     // A leading block of the packed B equals the GEMM over that block unpacked.
     for (gemm_shape block : {gemm_shape{m, n - 7, k - 5}, gemm_shape{9, config.nr + 1, config.kc + 1},
                              gemm_shape{3, 1, 1}}) {
       std::vector<float> from_packed(block.m * block.n), unpacked(block.m * block.n);
-      gemm(block, 1.0f, {a.data(), k, transpose::no}, packed, 0.0f, from_packed.data(), block.n);
+      gemm(block, 1.0f, {a.data(), k, transpose::no}, packed.view(), 0.0f, from_packed.data(), block.n);
       gemm(block, 1.0f, {a.data(), k, transpose::no}, b_op, 0.0f, unpacked.data(), block.n, path);
       CHECK(std::memcmp(from_packed.data(), unpacked.data(), unpacked.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("pack_b_offset addresses the packed layout of packed_b, every path") {
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    const gemm_config config = gemm_config_for(path);
+    for (gemm_shape shape : {gemm_shape{0, 37, 5}, gemm_shape{0, config.nr, config.kc + 3}, gemm_shape{0, 1, 1}}) {
+      std::vector<float> b(shape.k * shape.n);
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] = float(i + 1);
+      const packed_b packed(shape.k, shape.n, {b.data(), shape.n, transpose::no}, path);
+      for (std::size_t row = 0; row < shape.k; ++row)
+        for (std::size_t col = 0; col < shape.n; ++col)
+          CHECK(packed.view().panels[pack_b_offset(config, shape.k, shape.n, row, col)] == b[row * shape.n + col]);
     }
   }
 }

@@ -97,7 +97,7 @@ class linear {
     if (!bias_.empty())
       for (std::size_t row = 0; row < rows; ++row)
         std::copy(bias_.begin(), bias_.end(), y + row * out_features);
-    engine::gemm({rows, out_features, weight_.k()}, 1.0f, {x, weight_.k(), engine::transpose::no}, weight_,
+    engine::gemm({rows, out_features, weight_.k()}, 1.0f, {x, weight_.k(), engine::transpose::no}, weight_.view(),
                  bias_.empty() ? 0.0f : 1.0f, y, out_features);
   }
 

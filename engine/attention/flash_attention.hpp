@@ -27,17 +27,65 @@
 
 #include <cstddef>
 
+#include "engine/gemm/gemm.hpp"
 #include "kvhead/attention.hpp"
 #include "kvhead/config.hpp"
 
 namespace kvhead::engine {
 
-/// Keys per chunk: the fixed reduction unit above. 256 keys x 128 rows of
-/// scores is 128 KiB (in L2 with the K/V tile); see the benchmark notes in
-/// flash_attention.cpp.
+/// Keys per chunk: the fixed reduction unit above. 120 stacked rows x 256
+/// keys of scores is 120 KiB, in L2 with the chunk's packed K and V; fewer
+/// keys per chunk cost more merges and shorter GEMMs. At most KC on every
+/// path, so a chunk's V is one packed KC block.
 inline constexpr std::size_t kv_chunk = 256;
 
-/// A validated attention problem (validation happens at the public boundary).
+/// One chunk of keys of one (sequence, kv head) as packed GEMM B operands:
+/// keys = K[chunk]ᵀ (head_dim x n, n >= the chunk's width) and values =
+/// V[chunk] (k >= width x head_dim); leading blocks of both are used.
+struct kv_chunk_view {
+  packed_b_view keys, values;
+};
+
+/// Supplies the chunks of one (sequence, kv head): user K/V packed once, or
+/// the blocks of a KV cache.
+class kv_chunk_source {
+ public:
+  virtual ~kv_chunk_source() = default;
+  /// Chunk `index` (keys [index * kv_chunk, ...)). The source may assemble
+  /// it in `scratch`, assembly_floats() floats owned by the calling task.
+  virtual kv_chunk_view chunk(std::size_t index, float* scratch) const = 0;
+  virtual std::size_t assembly_floats() const { return 0; }
+};
+
+/// One unit of work: query rows [position0, position0 + positions) of the R
+/// query heads of kv head `kv_head`, for one sequence.
+struct attention_tile {
+  const float* q;  // query head h, row i at q + h * q_head_stride + i * q_seq_stride
+  std::size_t q_head_stride, q_seq_stride;
+  float* out;  // same indexing as q
+  std::size_t out_head_stride, out_seq_stride;
+  std::size_t kv_head, group, head_dim;  // group = R = H / G
+  std::size_t position0, positions;
+  std::size_t q_offset;   // absolute position of query row 0
+  std::size_t key_limit;  // keys [0, key_limit) exist (valid_len)
+  bool causal;
+  const float* additive_mask;  // row i, key j at additive_mask[i * mask_ld + j]; null: none
+  std::size_t mask_ld;
+  float scale;
+  simd_path path;
+
+  /// Keys [0, visible_end(i)) are visible to query row i (before the additive mask).
+  std::size_t visible_end(std::size_t row) const;
+};
+
+/// Query positions per tile for a group of R heads (R x positions <= 120 rows).
+std::size_t tile_positions(std::size_t group);
+
+/// Runs one tile with the fixed-order algorithm above.
+void attend_tile(const attention_tile& tile, const kv_chunk_source& source);
+
+/// A validated attention problem over user tensors (validated at the public
+/// boundary).
 struct attention_problem {
   attention_dims dims;
   head_tensor<const float> q, k, v;
@@ -48,14 +96,10 @@ struct attention_problem {
   const std::size_t* valid_len;  // null: kv_len
   const float* additive_mask;    // [q_len, kv_len] or null
   simd_path path;
-
-  /// Keys [0, visible_end(b, i)) are visible to query row i of batch b (before
-  /// the additive mask).
-  std::size_t visible_end(std::size_t batch, std::size_t row) const;
 };
 
-/// Writes every output row with the fixed-order tiled algorithm above, in
-/// parallel over (batch, kv head, query tile) on the caller's task arena.
+/// Packs K and V once per (batch, kv head), then runs every (batch, kv head,
+/// query tile) in parallel on the caller's task arena.
 void flash_attention(const attention_problem& problem);
 
 /// The materialized probabilities [batch, H, q_len, kv_len] (row softmax of

@@ -229,31 +229,41 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
   multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, block);
 }
 
-packed_b::packed_b(std::size_t k, std::size_t n, gemm_operand b, simd_path path)
-    : k_(k), n_(n), path_(path), config_(gemm_config_for(path)) {
+std::size_t pack_b_offset(const gemm_config& config, std::size_t k, std::size_t n, std::size_t row,
+                          std::size_t col) {
+  const std::size_t k0 = row / config.kc * config.kc;
+  const std::size_t depth = std::min(config.kc, k - k0);
+  return k0 * round_up(n, config.nr) + col / config.nr * depth * config.nr + (row - k0) * config.nr +
+         col % config.nr;
+}
+
+std::size_t packed_b_floats(const gemm_config& config, std::size_t k, std::size_t n) {
+  return k * round_up(n, config.nr);
+}
+
+packed_b::packed_b(std::size_t k, std::size_t n, gemm_operand b, simd_path path) : k_(k), n_(n), path_(path) {
   validate_operand("B", b, k, n);
-  const std::size_t padded_n = round_up(n, config_.nr);
-  float* panels = panels_.reserve(std::max<std::size_t>(1, padded_n * k));
-  for (std::size_t k0 = 0; k0 < k; k0 += config_.kc)
-    pack_b(b, k0, std::min(config_.kc, k - k0), 0, n, config_.nr, panels + k0 * padded_n);
+  const gemm_config config = gemm_config_for(path);
+  const std::size_t padded_n = round_up(n, config.nr);
+  float* panels = panels_.reserve(std::max<std::size_t>(1, packed_b_floats(config, k, n)));
+  for (std::size_t k0 = 0; k0 < k; k0 += config.kc)
+    pack_b(b, k0, std::min(config.kc, k - k0), 0, n, config.nr, panels + k0 * padded_n);
 }
 
-const float* packed_b::block(std::size_t k_block) const {
-  return panels_.data() + k_block * config_.kc * round_up(n_, config_.nr);
-}
-
-void gemm(gemm_shape shape, float alpha, gemm_operand a, const packed_b& b, float beta, float* c,
+void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c,
           std::size_t ldc) {
-  require(shape.k <= b.k() && shape.n <= b.n(),
-          "the block " + std::to_string(shape.k) + " x " + std::to_string(shape.n) +
-              " exceeds the packed B (" + std::to_string(b.k()) + " x " + std::to_string(b.n()) + ")");
+  require(shape.k <= b.k && shape.n <= b.n,
+          "the block " + std::to_string(shape.k) + " x " + std::to_string(shape.n) + " exceeds the packed B (" +
+              std::to_string(b.k) + " x " + std::to_string(b.n) + ")");
   validate_operand("A", a, shape.m, shape.k);
   validate_c(c, ldc, shape.m, shape.n);
-  const gemm_config& config = b.config();
-  // Panels of packed block k0 / KC hold that block's full depth of b.k().
+  const gemm_config config = gemm_config_for(b.path);
+  // Packed block k0 / KC starts at k0 * round_up(b.n, NR); its panels hold
+  // that block's full depth of b.k.
   auto prepacked_block = [&](std::size_t col0, std::size_t, std::size_t k0, std::size_t) {
-    const std::size_t panel_stride = std::min(config.kc, b.k() - k0) * config.nr;
-    return b_block{b.block(k0 / config.kc) + (col0 / config.nr) * panel_stride, panel_stride, config.nr, nullptr};
+    const std::size_t panel_stride = std::min(config.kc, b.k - k0) * config.nr;
+    return b_block{b.panels + k0 * round_up(b.n, config.nr) + (col0 / config.nr) * panel_stride, panel_stride,
+                   config.nr, nullptr};
   };
   multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, prepacked_block);
 }

@@ -47,6 +47,25 @@ struct gemm_shape {
 void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float beta, float* c,
           std::size_t ldc, simd_path path = active_simd_path());
 
+/// A read-only view of op(B) (k x n) already in the micro-kernel's packed
+/// layout for one SIMD path: for each KC-deep block of rows (in order), the
+/// ceil(n / NR) micro-panels of that block, each (block depth x NR) floats,
+/// columns past n zero. Produced by packed_b, or written directly in this
+/// layout (pack_b_offset) by owners of long-lived operands such as a KV cache.
+struct packed_b_view {
+  const float* panels;
+  std::size_t k, n;
+  simd_path path;
+};
+
+/// Float offset of element (row, col) of op(B) in the packed layout of a
+/// k x n operand, for a path's blocking.
+std::size_t pack_b_offset(const gemm_config& config, std::size_t k, std::size_t n, std::size_t row,
+                          std::size_t col);
+
+/// Floats a packed k x n operand occupies.
+std::size_t packed_b_floats(const gemm_config& config, std::size_t k, std::size_t n);
+
 /// op(B) (k x n) packed once into micro-panels for one SIMD path, to be
 /// applied to many A (weight matrices). Holds its own copy: B may be freed.
 class packed_b {
@@ -55,24 +74,18 @@ class packed_b {
 
   std::size_t k() const { return k_; }
   std::size_t n() const { return n_; }
-  simd_path path() const { return path_; }
-  const gemm_config& config() const { return config_; }
-
-  /// The packed KC x n block starting at row k_block * KC: a sequence of
-  /// micro-panels of (rows x NR) floats.
-  const float* block(std::size_t k_block) const;
+  packed_b_view view() const { return {panels_.data(), k_, n_, path_}; }
 
  private:
   std::size_t k_, n_;
   simd_path path_;
-  gemm_config config_;
   aligned_buffer panels_;
 };
 
 /// C = alpha * op(A) * B[0:k, 0:n] + beta * C: the leading k x n block of a
-/// pre-packed B (shape.k <= b.k(), shape.n <= b.n()), m x k times k x n.
+/// pre-packed B (shape.k <= b.k, shape.n <= b.n), m x k times k x n.
 /// Same arithmetic, so the same bits, as gemm() with that block unpacked.
-void gemm(gemm_shape shape, float alpha, gemm_operand a, const packed_b& b, float beta, float* c,
+void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c,
           std::size_t ldc);
 
 /// While alive, GEMM calls made by this thread run serially (for callers that
