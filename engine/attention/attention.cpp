@@ -1,10 +1,12 @@
 // The public attention API: validation at the boundary, then the engine.
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "engine/attention/flash_attention.hpp"
+#include "engine/attention/layer_impl.hpp"
 #include "engine/attention/rope.hpp"
 #include "engine/gemm/gemm.hpp"
 #include "kvhead/attention.hpp"
@@ -84,28 +86,6 @@ const float* non_null(const char* name, const float* weight) {
   return weight;
 }
 
-// One nn.Linear with Wᵀ packed once: y[rows, out] = x[rows, in] Wᵀ + b.
-class linear {
- public:
-  linear(const char* name, const linear_weights& weights, std::size_t in_features, std::size_t out_features)
-      : weight_(in_features, out_features, {non_null(name, weights.weight), in_features, engine::transpose::yes}),
-        bias_(weights.bias != nullptr ? std::vector<float>(weights.bias, weights.bias + out_features)
-                                      : std::vector<float>()) {}
-
-  void apply(const float* x, std::size_t rows, float* y) const {
-    const std::size_t out_features = weight_.n();
-    if (!bias_.empty())
-      for (std::size_t row = 0; row < rows; ++row)
-        std::copy(bias_.begin(), bias_.end(), y + row * out_features);
-    engine::gemm({rows, out_features, weight_.k()}, 1.0f, {x, weight_.k(), engine::transpose::no}, weight_.view(),
-                 bias_.empty() ? 0.0f : 1.0f, y, out_features);
-  }
-
- private:
-  engine::packed_b weight_;
-  std::vector<float> bias_;
-};
-
 attention_config validated(attention_config config) {
   if (config.num_kv_heads == 0) config.num_kv_heads = config.num_heads;
   validate_heads("attention_layer", config.num_heads, config.num_kv_heads, config.head_dim);
@@ -120,17 +100,46 @@ attention_config validated(attention_config config) {
 
 }  // namespace
 
-struct attention_layer::impl {
-  attention_config config;
-  linear q_proj, k_proj, v_proj, o_proj;
+namespace engine {
 
-  impl(const attention_config& checked, const attention_weights& weights)
-      : config(checked),
-        q_proj("q_proj", weights.q_proj, checked.d_model, checked.num_heads * checked.head_dim),
-        k_proj("k_proj", weights.k_proj, checked.d_model, checked.num_kv_heads * checked.head_dim),
-        v_proj("v_proj", weights.v_proj, checked.d_model, checked.num_kv_heads * checked.head_dim),
-        o_proj("o_proj", weights.o_proj, checked.num_heads * checked.head_dim, checked.d_model) {}
-};
+linear::linear(const char* name, const linear_weights& weights, std::size_t in_features, std::size_t out_features)
+    : weight_(in_features, out_features, {non_null(name, weights.weight), in_features, transpose::yes}),
+      bias_(weights.bias != nullptr ? std::vector<float>(weights.bias, weights.bias + out_features)
+                                    : std::vector<float>()) {}
+
+void linear::apply(const float* x, std::size_t rows, float* y) const {
+  const std::size_t out_features = weight_.n();
+  if (!bias_.empty())
+    for (std::size_t row = 0; row < rows; ++row) std::copy(bias_.begin(), bias_.end(), y + row * out_features);
+  gemm({rows, out_features, weight_.k()}, 1.0f, {x, weight_.k(), transpose::no}, weight_.view(),
+       bias_.empty() ? 0.0f : 1.0f, y, out_features);
+}
+
+}  // namespace engine
+
+attention_layer::impl::impl(const attention_config& checked, const attention_weights& weights)
+    : config(checked),
+      q_proj("q_proj", weights.q_proj, checked.d_model, checked.num_heads * checked.head_dim),
+      k_proj("k_proj", weights.k_proj, checked.d_model, checked.num_kv_heads * checked.head_dim),
+      v_proj("v_proj", weights.v_proj, checked.d_model, checked.num_kv_heads * checked.head_dim),
+      o_proj("o_proj", weights.o_proj, checked.num_heads * checked.head_dim, checked.d_model) {}
+
+void attention_layer::impl::project(const float* x, std::size_t rows, const std::size_t* positions, float* q,
+                                    float* k, float* v) const {
+  const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
+  q_proj.apply(x, rows, q);
+  k_proj.apply(x, rows, k);
+  v_proj.apply(x, rows, v);
+  if (config.rope_theta == 0.0) return;
+  // One table over the positions present; each row then rotates at its own.
+  const std::size_t first = *std::min_element(positions, positions + rows);
+  const std::size_t last = *std::max_element(positions, positions + rows);
+  const engine::rope_table rope(head_dim, config.rope_theta, first, last - first + 1);
+  for (std::size_t row = 0; row < rows; ++row) {
+    rope.apply(q + row * heads * head_dim, heads, head_dim, positions[row] - first);
+    rope.apply(k + row * kv_heads * head_dim, kv_heads, head_dim, positions[row] - first);
+  }
+}
 
 attention_layer::attention_layer(const attention_config& config, const attention_weights& weights)
     : impl_(std::make_unique<impl>(validated(config), weights)) {}
@@ -146,20 +155,13 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
   if (rows == 0) return;
   require(x != nullptr && y != nullptr, "attention_layer::forward: x or y is null");
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
-  // 1. Projections: q [rows, H d], k and v [rows, G d] (layout [batch, seq, heads, d]).
+  // 1-2. Projections, q [rows, H d], k and v [rows, G d] (layout [batch, seq,
+  // heads, d]), and RoPE at positions 0..seq-1 of each sequence.
   std::vector<float> q(rows * heads * head_dim), k(rows * kv_heads * head_dim), v(rows * kv_heads * head_dim),
       attended(rows * heads * head_dim);
-  impl_->q_proj.apply(x, rows, q.data());
-  impl_->k_proj.apply(x, rows, k.data());
-  impl_->v_proj.apply(x, rows, v.data());
-  // 2. RoPE on q and k at positions 0..seq-1 of each sequence.
-  if (config.rope_theta > 0.0) {
-    const engine::rope_table rope(head_dim, config.rope_theta, 0, seq);
-    for (std::size_t row = 0; row < rows; ++row) {
-      rope.apply(q.data() + row * heads * head_dim, heads, head_dim, row % seq);
-      rope.apply(k.data() + row * kv_heads * head_dim, kv_heads, head_dim, row % seq);
-    }
-  }
+  std::vector<std::size_t> positions(rows);
+  for (std::size_t row = 0; row < rows; ++row) positions[row] = row % seq;
+  impl_->project(x, rows, positions.data(), q.data(), k.data(), v.data());
   // 3. Attention.
   const engine::attention_problem problem{{batch, heads, kv_heads, seq, seq, head_dim},
                                           head_tensor<const float>::bshd(q.data(), heads, seq, head_dim),

@@ -33,6 +33,9 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <vector>
+
+#include "kvhead/kv_cache.hpp"
 
 namespace kvhead {
 
@@ -111,6 +114,13 @@ struct attention_weights {
   linear_weights q_proj, k_proj, v_proj, o_proj;
 };
 
+/// One sequence's share of a batched forward over a KV cache: its `tokens`
+/// newest positions.
+struct sequence_tokens {
+  sequence_id sequence = 0;
+  std::size_t tokens = 0;
+};
+
 /// One attention layer. The constructor validates the configuration, copies
 /// and packs the weights (the caller's arrays may be freed afterwards).
 ///
@@ -131,6 +141,23 @@ class attention_layer {
   /// y = layer(x): x and y are [batch, seq, d_model] row-major; y may not
   /// overlap x. Every sequence starts at position 0; causal as configured.
   void forward(const float* x, std::size_t batch, std::size_t seq, float* y) const;
+
+  /// Incremental decoding over a KV cache, as layer `layer` of the cache.
+  /// For each entry of `batch`, its sequence's `tokens` newest positions are
+  /// new: the caller reserved them first with cache.append(sequence, tokens)
+  /// (once for all layers). Their rows of x are consecutive, in entry order:
+  /// x and y are [sum of tokens, d_model]. The layer writes their K and V
+  /// (after RoPE, at their absolute positions) into the cache, then each new
+  /// token attends causally over its sequence's whole past. One call can mix
+  /// a prefill chunk of one sequence with single-token steps of others.
+  /// Results are bit-identical to forward() with causal = true over each
+  /// whole sequence, however the tokens were chunked or batched.
+  /// Errors (std::invalid_argument, nothing written): a cache geometry that
+  /// does not match (num_kv_heads, head_dim), a layer index out of range, a
+  /// sequence listed twice, tokens = 0 or more than the sequence's length;
+  /// an unknown sequence id throws kv_cache_error.
+  void forward(kv_cache& cache, std::size_t layer, const std::vector<sequence_tokens>& batch, const float* x,
+               float* y) const;
 
  private:
   struct impl;

@@ -1,0 +1,193 @@
+// attention_layer::forward over a KV cache: write the new tokens' K and V into
+// their blocks, then attend over each sequence's blocks with the same tile
+// kernel as the cache-free forward.
+//
+// Block contents (one (layer, kv head) region pair per block, sizes in
+// kv_cache_internals): the K region holds the block's keys as a packed GEMM B
+// operand Kᵀ (head_dim x block_size), the V region its values as a packed
+// V (block_size x head_dim), both in the layout of the active SIMD path
+// (gemm.hpp: packed_b_view). A 256-token block is one attention chunk and is
+// read in place; smaller blocks are copied into one chunk first.
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <tbb/parallel_for.h>
+
+#include "engine/arch/scratch.hpp"
+#include "engine/attention/flash_attention.hpp"
+#include "engine/attention/layer_impl.hpp"
+#include "engine/cache/kv_cache_internals.hpp"
+
+namespace kvhead {
+namespace engine {
+namespace {
+
+// The chunks of one (sequence, layer, kv head) of a cache.
+class cache_kv_source final : public kv_chunk_source {
+ public:
+  cache_kv_source(const kv_cache& cache, const std::uint32_t* table, std::size_t length, std::size_t layer,
+                  std::size_t kv_head, simd_path path)
+      : cache_(cache),
+        table_(table),
+        length_(length),
+        key_offset_(kv_cache_internals::region_offset(cache, layer, kv_head, false)),
+        value_offset_(kv_cache_internals::region_offset(cache, layer, kv_head, true)),
+        block_size_(cache.config().block_size),
+        head_dim_(cache.config().head_dim),
+        path_(path),
+        config_(gemm_config_for(path)) {}
+
+  std::size_t assembly_floats() const override {
+    return block_size_ == kv_chunk ? 0 : packed_b_floats(config_, head_dim_, kv_chunk) +
+                                             packed_b_floats(config_, kv_chunk, head_dim_);
+  }
+
+  kv_chunk_view chunk(std::size_t index, float* scratch) const override {
+    const std::size_t blocks_per_chunk = kv_chunk / block_size_;
+    if (blocks_per_chunk == 1) {
+      const float* block = kv_cache_internals::block_data(cache_, table_[index]);
+      return {{block + key_offset_, head_dim_, block_size_, path_},
+              {block + value_offset_, block_size_, head_dim_, path_}};
+    }
+    // Copy the chunk's blocks into one packed Kᵀ (head_dim x 256) and one
+    // packed V (256 x head_dim): whole panels of Kᵀ, runs of V panel rows.
+    float* keys = scratch;
+    float* values = scratch + packed_b_floats(config_, head_dim_, kv_chunk);
+    const std::size_t first_block = index * blocks_per_chunk;
+    const std::size_t present = std::min(blocks_per_chunk, (length_ + block_size_ - 1) / block_size_ - first_block);
+    const std::size_t nr = config_.nr;
+    for (std::size_t b = 0; b < present; ++b) {
+      const float* block = kv_cache_internals::block_data(cache_, table_[first_block + b]);
+      for (std::size_t k0 = 0; k0 < head_dim_; k0 += config_.kc) {
+        const std::size_t depth = std::min(config_.kc, head_dim_ - k0);
+        for (std::size_t col = 0; col < block_size_; col += nr)
+          std::memcpy(keys + pack_b_offset(config_, head_dim_, kv_chunk, k0, b * block_size_ + col),
+                      block + key_offset_ + pack_b_offset(config_, head_dim_, block_size_, k0, col),
+                      depth * nr * sizeof(float));
+      }
+      for (std::size_t col = 0; col < head_dim_; col += nr)
+        std::memcpy(values + pack_b_offset(config_, kv_chunk, head_dim_, b * block_size_, col),
+                    block + value_offset_ + pack_b_offset(config_, block_size_, head_dim_, 0, col),
+                    block_size_ * nr * sizeof(float));
+    }
+    return {{keys, head_dim_, kv_chunk, path_}, {values, kv_chunk, head_dim_, path_}};
+  }
+
+ private:
+  const kv_cache& cache_;
+  const std::uint32_t* table_;
+  std::size_t length_, key_offset_, value_offset_, block_size_, head_dim_;
+  simd_path path_;
+  gemm_config config_;
+};
+
+// Writes one token's k and v (head_dim floats each) into slot `slot` of a
+// block's region pair, V padding lanes zeroed.
+void write_token(float* key_region, float* value_region, const gemm_config& config, std::size_t block_size,
+                 std::size_t head_dim, std::size_t slot, const float* k, const float* v) {
+  for (std::size_t e = 0; e < head_dim; ++e)
+    key_region[pack_b_offset(config, head_dim, block_size, e, slot)] = k[e];
+  const std::size_t padded = (head_dim + config.nr - 1) / config.nr * config.nr;
+  for (std::size_t e = 0; e < padded; ++e)
+    value_region[pack_b_offset(config, block_size, head_dim, slot, e)] = e < head_dim ? v[e] : 0.0f;
+}
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw std::invalid_argument("attention_layer::forward (cache): " + message);
+}
+
+}  // namespace
+}  // namespace engine
+
+void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vector<sequence_tokens>& batch,
+                              const float* x, float* y) const {
+  using namespace engine;
+  const attention_config& config = impl_->config;
+  const kv_cache_config& geometry = cache.config();
+  require(geometry.num_kv_heads == config.num_kv_heads && geometry.head_dim == config.head_dim,
+          "the cache holds " + std::to_string(geometry.num_kv_heads) + " kv heads of dim " +
+              std::to_string(geometry.head_dim) + ", the layer " + std::to_string(config.num_kv_heads) + " of dim " +
+              std::to_string(config.head_dim));
+  require(layer < geometry.num_layers, "layer " + std::to_string(layer) + " is out of range (the cache has " +
+                                           std::to_string(geometry.num_layers) + ")");
+  // Each entry: its rows of x, and its past (positions before the new tokens).
+  struct entry {
+    const std::uint32_t* table;
+    std::size_t length, past, row0;
+  };
+  std::vector<entry> entries;
+  std::set<sequence_id> seen;
+  std::size_t rows = 0;
+  for (const sequence_tokens& item : batch) {
+    require(seen.insert(item.sequence).second, "sequence " + std::to_string(item.sequence) + " is listed twice");
+    std::size_t count = 0;
+    const std::uint32_t* table = kv_cache_internals::block_table(cache, item.sequence, &count);
+    const std::size_t length = cache.length(item.sequence);
+    require(item.tokens > 0 && item.tokens <= length,
+            "sequence " + std::to_string(item.sequence) + ": " + std::to_string(item.tokens) +
+                " new tokens, but it has " + std::to_string(length) + " (append them first)");
+    entries.push_back({table, length, length - item.tokens, rows});
+    rows += item.tokens;
+  }
+  if (rows == 0) return;
+  require(x != nullptr && y != nullptr, "x or y is null");
+
+  const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
+  const simd_path path = active_simd_path();
+  const gemm_config gemm_setup = gemm_config_for(path);
+  const std::size_t block_size = geometry.block_size;
+
+  // 1-2. Projections and RoPE at each row's absolute position.
+  std::vector<float> q(rows * heads * head_dim), k(rows * kv_heads * head_dim), v(rows * kv_heads * head_dim),
+      attended(rows * heads * head_dim);
+  std::vector<std::size_t> positions(rows);
+  for (const entry& e : entries)
+    for (std::size_t i = 0; i < e.length - e.past; ++i) positions[e.row0 + i] = e.past + i;
+  impl_->project(x, rows, positions.data(), q.data(), k.data(), v.data());
+
+  // 3. Write the new K and V into their blocks (each block exclusively owned
+  // after append, so sequences never race).
+  tbb::parallel_for(std::size_t{0}, entries.size() * kv_heads, [&](std::size_t task) {
+    const entry& e = entries[task / kv_heads];
+    const std::size_t kv_head = task % kv_heads;
+    const std::size_t key_offset = kv_cache_internals::region_offset(cache, layer, kv_head, false);
+    const std::size_t value_offset = kv_cache_internals::region_offset(cache, layer, kv_head, true);
+    for (std::size_t position = e.past; position < e.length; ++position) {
+      float* block = kv_cache_internals::block_data(cache, e.table[position / block_size]);
+      const std::size_t row = e.row0 + position - e.past;
+      write_token(block + key_offset, block + value_offset, gemm_setup, block_size, head_dim, position % block_size,
+                  k.data() + (row * kv_heads + kv_head) * head_dim, v.data() + (row * kv_heads + kv_head) * head_dim);
+    }
+  });
+
+  // 4. Attention: tiles over (entry, kv head, query tile).
+  const std::size_t group = heads / kv_heads;
+  const std::size_t tile_rows = tile_positions(group);
+  struct task {
+    std::size_t entry, kv_head, position0, positions;
+  };
+  std::vector<task> tasks;
+  for (std::size_t index = 0; index < entries.size(); ++index)
+    for (std::size_t kv_head = 0; kv_head < kv_heads; ++kv_head)
+      for (std::size_t p = 0; p < entries[index].length - entries[index].past; p += tile_rows)
+        tasks.push_back({index, kv_head, p, std::min(tile_rows, entries[index].length - entries[index].past - p)});
+  tbb::parallel_for(std::size_t{0}, tasks.size(), [&](std::size_t t) {
+    const task& job = tasks[t];
+    const entry& e = entries[job.entry];
+    const cache_kv_source source(cache, e.table, e.length, layer, job.kv_head, path);
+    const std::size_t row_stride = heads * head_dim;
+    attend_tile({q.data() + e.row0 * row_stride, head_dim, row_stride, attended.data() + e.row0 * row_stride,
+                 head_dim, row_stride, job.kv_head, group, head_dim, job.position0, job.positions, e.past, e.length,
+                 true, nullptr, 0, *config.scale, path},
+                source);
+  });
+
+  // 5. Output projection.
+  impl_->o_proj.apply(attended.data(), rows, y);
+}
+
+}  // namespace kvhead

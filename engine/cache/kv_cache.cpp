@@ -1,0 +1,327 @@
+// The paged KV cache: a block pool, reference counts, a LIFO free list and a
+// table of sequences (include/kvhead/kv_cache.hpp has the contract).
+//
+// Locking. One mutex guards the sequence map, the reference counts, the free
+// list and the id counter. A sequence's own fields (length, block table) are
+// touched only by calls naming that sequence, which the contract forbids to
+// overlap when one modifies it, so they are read and written outside the lock
+// (the map's nodes are stable: another sequence's insert or erase never moves
+// them).
+//
+// Copy-on-write with the lock released. append() takes the fresh block and
+// points its table at it under the lock, copies outside it, and only then, under
+// the lock again, drops its reference to the shared source. The source's count
+// thus stays above 1 during the copy, so no other holder can start writing it
+// in place (a concurrent append on another holder copies it too).
+//
+// Strong guarantee. Every check runs, and the table capacity is reserved (the
+// only step that may allocate), before anything is taken from the pool.
+#include "kvhead/kv_cache.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "engine/cache/kv_cache_internals.hpp"
+
+namespace kvhead {
+
+namespace {
+
+constexpr std::size_t pool_alignment = 64;
+constexpr std::size_t row_multiple = 32;       // head_dim is padded to a multiple of 32 floats
+constexpr std::size_t min_table_capacity = 8;  // first growth of a block table
+
+std::size_t ceil_div(std::size_t a, std::size_t b) { return a / b + (a % b != 0); }
+
+/// a * b, or throws std::invalid_argument(message) when it overflows.
+std::size_t checked_product(std::size_t a, std::size_t b, const char* message) {
+  std::size_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product)) throw std::invalid_argument(message);
+  return product;
+}
+
+std::string to_text(std::size_t value) { return std::to_string(value); }
+
+struct pool_delete {
+  void operator()(float* pool) const { ::operator delete(pool, std::align_val_t{pool_alignment}); }
+};
+
+}  // namespace
+
+struct kv_cache::impl {
+  struct sequence {
+    std::size_t length = 0;
+    std::vector<std::uint32_t> blocks;  // ceil(length / block_size) entries
+  };
+
+  kv_cache_config config;
+  std::size_t region_floats = 0;  // block_size * padded head_dim
+  std::size_t block_floats = 0;   // 2 * num_layers * num_kv_heads * region_floats
+  std::size_t block_bytes = 0;
+  std::size_t total_blocks = 0;
+  std::unique_ptr<float, pool_delete> pool;
+
+  // Guarded by mutex.
+  mutable std::mutex mutex;
+  std::vector<std::size_t> references;  // per block; 0 = free
+  std::vector<std::uint32_t> free_list;  // stack of free blocks, capacity total_blocks
+  std::unordered_map<sequence_id, sequence> sequences;
+  sequence_id next_id = 1;
+
+  explicit impl(const kv_cache_config& requested);
+
+  /// The live sequence `id`; throws kv_cache_error naming `call` otherwise.
+  /// Requires the lock.
+  sequence& find(sequence_id id, const char* call) {
+    const auto found = sequences.find(id);
+    if (found != sequences.end()) return found->second;
+    const bool was_created = id >= 1 && id < next_id;
+    throw kv_cache_error(std::string("kv_cache::") + call + ": sequence " + std::to_string(id) +
+                         (was_created ? " was freed" : " does not exist (never created)"));
+  }
+
+  /// A free block, now referenced once. Requires the lock and a non-empty list.
+  std::uint32_t take() {
+    assert(!free_list.empty());
+    const std::uint32_t block = free_list.back();
+    free_list.pop_back();
+    assert(references[block] == 0);
+    references[block] = 1;
+    return block;
+  }
+
+  /// Drops one reference to `block`. Requires the lock.
+  void release(std::uint32_t block) {
+    assert(references[block] > 0);
+    if (--references[block] == 0) free_list.push_back(block);  // within capacity: never allocates
+  }
+
+  /// Capacity for at least `entries` (<= total_blocks) table entries.
+  void reserve_table(std::vector<std::uint32_t>& table, std::size_t entries) const {
+    assert(entries <= total_blocks);
+    if (table.capacity() >= entries) return;
+    const std::size_t grown = std::max(2 * table.capacity(), min_table_capacity);
+    table.reserve(std::max(entries, std::min(grown, total_blocks)));
+  }
+
+  float* block(std::uint32_t index) const {
+    assert(index < total_blocks);
+    return pool.get() + index * block_floats;
+  }
+};
+
+kv_cache::impl::impl(const kv_cache_config& requested) : config(requested) {
+  if (config.num_layers == 0)
+    throw std::invalid_argument("kv_cache_config.num_layers must be at least 1");
+  if (config.num_kv_heads == 0)
+    throw std::invalid_argument("kv_cache_config.num_kv_heads must be at least 1");
+  if (config.head_dim == 0)
+    throw std::invalid_argument("kv_cache_config.head_dim must be at least 1");
+  if (config.block_size == 0) config.block_size = kv_cache_default_block_size;
+  const std::size_t block_size = config.block_size;
+  if (block_size < 32 || block_size > 256 || (block_size & (block_size - 1)) != 0)
+    throw std::invalid_argument("kv_cache_config.block_size must be 32, 64, 128 or 256 (or 0 for " +
+                                to_text(kv_cache_default_block_size) + "), got " +
+                                to_text(requested.block_size));
+
+  const char* too_large =
+      "kv_cache_config: num_layers * num_kv_heads * head_dim too large (block_bytes overflows)";
+  if (config.head_dim > std::numeric_limits<std::size_t>::max() - (row_multiple - 1))
+    throw std::invalid_argument(too_large);
+  const std::size_t padded_dim = ceil_div(config.head_dim, row_multiple) * row_multiple;
+  region_floats = checked_product(block_size, padded_dim, too_large);
+  const std::size_t regions =
+      checked_product(checked_product(config.num_layers, config.num_kv_heads, too_large), 2, too_large);
+  block_floats = checked_product(regions, region_floats, too_large);
+  block_bytes = checked_product(block_floats, sizeof(float), too_large);
+
+  total_blocks = config.capacity_bytes / block_bytes;
+  if (total_blocks == 0)
+    throw std::invalid_argument("kv_cache_config.capacity_bytes = " + to_text(config.capacity_bytes) +
+                                " holds no block of " + to_text(block_bytes) + " bytes");
+  if (total_blocks > std::numeric_limits<std::uint32_t>::max())
+    throw std::invalid_argument("kv_cache_config.capacity_bytes = " + to_text(config.capacity_bytes) +
+                                " makes " + to_text(total_blocks) +
+                                " blocks, more than the 2^32 - 1 a block table can index");
+
+  // Not zeroed: untouched pages stay uncommitted until first written.
+  pool.reset(static_cast<float*>(
+      ::operator new(total_blocks * block_bytes, std::align_val_t{pool_alignment})));
+  references.assign(total_blocks, 0);
+  free_list.resize(total_blocks);
+  for (std::size_t i = 0; i < total_blocks; ++i)  // block 0 on top: handed out in index order
+    free_list[i] = static_cast<std::uint32_t>(total_blocks - 1 - i);
+}
+
+kv_cache::kv_cache(const kv_cache_config& config) : impl_(std::make_unique<impl>(config)) {}
+kv_cache::~kv_cache() = default;
+kv_cache::kv_cache(kv_cache&&) noexcept = default;
+kv_cache& kv_cache::operator=(kv_cache&&) noexcept = default;
+
+const kv_cache_config& kv_cache::config() const { return impl_->config; }
+
+sequence_id kv_cache::create() {
+  impl& cache = *impl_;
+  const std::lock_guard lock(cache.mutex);
+  cache.sequences.try_emplace(cache.next_id);  // may throw bad_alloc: nothing changed
+  return cache.next_id++;
+}
+
+void kv_cache::append(sequence_id id, std::size_t tokens) {
+  impl& cache = *impl_;
+  const std::size_t block_size = cache.config.block_size;
+  std::unique_lock lock(cache.mutex);
+  impl::sequence& sequence = cache.find(id, "append");
+  if (tokens == 0)
+    throw kv_cache_error("kv_cache::append: 0 tokens for sequence " + to_text(id) +
+                         " (append at least 1)");
+  const std::size_t length = sequence.length;
+  if (tokens > std::numeric_limits<std::size_t>::max() - length)
+    throw kv_cache_error("kv_cache::append: sequence " + to_text(id) + " of length " + to_text(length) +
+                         " + " + to_text(tokens) + " tokens overflows the length");
+  const std::size_t new_length = length + tokens;
+  const std::size_t entries = ceil_div(new_length, block_size);
+  if (entries > cache.total_blocks)
+    throw kv_cache_error("kv_cache::append: out of capacity: sequence " + to_text(id) + " of length " +
+                         to_text(length) + " + " + to_text(tokens) + " tokens needs " + to_text(entries) +
+                         " blocks, the cache has " + to_text(cache.total_blocks));
+
+  // Table room first, outside the lock: the sequence is ours (contract).
+  if (sequence.blocks.capacity() < entries) {
+    lock.unlock();
+    cache.reserve_table(sequence.blocks, entries);
+    lock.lock();
+  }
+
+  const std::size_t fresh = entries - sequence.blocks.size();
+  const bool partial = length % block_size != 0;
+  const bool copy = partial && cache.references[sequence.blocks.back()] > 1;
+  const std::size_t wanted = fresh + (copy ? 1 : 0);
+  if (wanted > cache.free_list.size())
+    throw kv_cache_error("kv_cache::append: out of capacity: sequence " + to_text(id) + " of length " +
+                         to_text(length) + " + " + to_text(tokens) + " tokens needs " +
+                         to_text(wanted) + " free blocks (" + to_text(fresh) + " new" +
+                         (copy ? " + 1 copy-on-write" : "") + "), " + to_text(cache.free_list.size()) +
+                         " of " + to_text(cache.total_blocks) + " free");
+
+  // Nothing below throws.
+  std::uint32_t shared = 0, target = 0;
+  if (copy) {
+    shared = sequence.blocks.back();
+    target = cache.take();
+    sequence.blocks.back() = target;
+  }
+  for (std::size_t i = 0; i < fresh; ++i) sequence.blocks.push_back(cache.take());
+  sequence.length = new_length;
+  if (copy) {
+    lock.unlock();
+    std::memcpy(cache.block(target), cache.block(shared), cache.block_bytes);
+    lock.lock();
+    cache.release(shared);
+  }
+}
+
+sequence_id kv_cache::fork(sequence_id parent_id) {
+  impl& cache = *impl_;
+  std::unique_lock lock(cache.mutex);
+  const impl::sequence& parent = cache.find(parent_id, "fork");
+  lock.unlock();
+
+  // fork only reads the parent, whose blocks stay referenced meanwhile.
+  impl::sequence child;
+  child.length = parent.length;
+  cache.reserve_table(child.blocks, parent.blocks.size());
+  child.blocks.assign(parent.blocks.begin(), parent.blocks.end());
+
+  lock.lock();
+  const sequence_id id = cache.next_id;
+  const auto [position, inserted] = cache.sequences.try_emplace(id, std::move(child));  // may throw
+  assert(inserted);
+  for (const std::uint32_t block : position->second.blocks) ++cache.references[block];
+  ++cache.next_id;
+  return id;
+}
+
+void kv_cache::truncate(sequence_id id, std::size_t length) {
+  impl& cache = *impl_;
+  const std::lock_guard lock(cache.mutex);
+  impl::sequence& sequence = cache.find(id, "truncate");
+  if (length > sequence.length)
+    throw kv_cache_error("kv_cache::truncate: length " + to_text(length) + " exceeds sequence " +
+                         to_text(id) + "'s length " + to_text(sequence.length));
+  const std::size_t entries = ceil_div(length, cache.config.block_size);
+  for (std::size_t i = entries; i < sequence.blocks.size(); ++i) cache.release(sequence.blocks[i]);
+  sequence.blocks.resize(entries);  // shrinks: keeps the capacity
+  sequence.length = length;
+}
+
+void kv_cache::free(sequence_id id) {
+  impl& cache = *impl_;
+  std::unique_lock lock(cache.mutex);
+  cache.find(id, "free");
+  auto node = cache.sequences.extract(id);
+  for (const std::uint32_t block : node.mapped().blocks) cache.release(block);
+  lock.unlock();
+  // node (and its table) is destroyed here, outside the lock.
+}
+
+std::size_t kv_cache::length(sequence_id id) const {
+  const std::lock_guard lock(impl_->mutex);
+  return impl_->find(id, "length").length;
+}
+
+std::size_t kv_cache::blocks_used(sequence_id id) const {
+  const std::lock_guard lock(impl_->mutex);
+  return impl_->find(id, "blocks_used").blocks.size();
+}
+
+std::size_t kv_cache::total_blocks() const { return impl_->total_blocks; }
+
+std::size_t kv_cache::free_blocks() const {
+  const std::lock_guard lock(impl_->mutex);
+  return impl_->free_list.size();
+}
+
+std::size_t kv_cache::free_tokens() const { return free_blocks() * impl_->config.block_size; }
+std::size_t kv_cache::bytes_per_token() const { return impl_->block_bytes / impl_->config.block_size; }
+std::size_t kv_cache::block_bytes() const { return impl_->block_bytes; }
+std::size_t kv_cache::bytes_in_use() const { return (total_blocks() - free_blocks()) * impl_->block_bytes; }
+
+namespace engine {
+
+const std::uint32_t* kv_cache_internals::block_table(const kv_cache& cache, sequence_id sequence,
+                                                     std::size_t* count) {
+  assert(count != nullptr);
+  const std::lock_guard lock(cache.impl_->mutex);
+  const auto& blocks = cache.impl_->find(sequence, "block_table").blocks;
+  *count = blocks.size();
+  return blocks.data();
+}
+
+float* kv_cache_internals::block_data(kv_cache& cache, std::uint32_t block) {
+  return cache.impl_->block(block);
+}
+
+const float* kv_cache_internals::block_data(const kv_cache& cache, std::uint32_t block) {
+  return cache.impl_->block(block);
+}
+
+std::size_t kv_cache_internals::region_floats(const kv_cache& cache) { return cache.impl_->region_floats; }
+
+std::size_t kv_cache_internals::region_offset(const kv_cache& cache, std::size_t layer, std::size_t kv_head,
+                                              bool value) {
+  const kv_cache_config& config = cache.impl_->config;
+  assert(layer < config.num_layers && kv_head < config.num_kv_heads);
+  return ((layer * config.num_kv_heads + kv_head) * 2 + (value ? 1 : 0)) * cache.impl_->region_floats;
+}
+
+}  // namespace engine
+}  // namespace kvhead

@@ -1,0 +1,140 @@
+// kvhead: a paged key/value cache for incremental decoding.
+//
+// Pages. The cache owns one pool of fixed-size blocks, allocated once at
+// construction from a byte budget (as many whole blocks as fit). A block holds
+// block_size consecutive token positions of one sequence, for every layer and
+// every kv head. A sequence is a block table (block indices into the pool) and
+// a length: token position p lives in block table[p / block_size], slot
+// p % block_size. Several layers of one geometry share one sequence-id space,
+// so one append() reserves a token for all of them.
+//
+// Block layout (fixed; the attention kernels depend on it). With
+// padded_dim = round_up(head_dim, 32) and region_floats = block_size *
+// padded_dim, a block is 2 * num_layers * num_kv_heads regions of
+// region_floats floats: for layer l and kv head h, the K region starts at float
+// ((l * num_kv_heads + h) * 2 + 0) * region_floats of the block and the V
+// region right after it, at ((l * num_kv_heads + h) * 2 + 1) * region_floats.
+// block_bytes() = 2 * num_layers * num_kv_heads * region_floats * 4. The pool
+// is one 64-byte aligned allocation, and block_bytes() is a multiple of 8 KiB,
+// so every block and every region is 64-byte aligned. What a region holds is
+// the kernels' business; a freshly reserved block holds unspecified values
+// (the pool is not zeroed, blocks are recycled as they are).
+//
+// Sharing. fork() makes a sequence that shares all of its parent's blocks
+// (reference counted): it costs no block and copies no data. A block whose
+// reference count is above 1 is never written in place (copy-on-write):
+// append() is the only call that makes token slots writable, and when it
+// returns, every block receiving the new tokens is owned by that sequence
+// alone. If the partially filled last block is shared, append() first copies
+// it whole (all layers) into a fresh block. truncate() and free() drop
+// references; a block returns to the pool when its count reaches 0.
+//
+// Writing. After append(s, n) took s from length L to L + n, the kernels may
+// write token slots [L, L + n) of s (through engine/cache/kv_cache_internals.hpp),
+// until the next call that names s: fork(s) shares those blocks, so write
+// before forking. Token slots below L are read-only.
+//
+// Errors. Every misuse (unknown or freed id, append of 0 tokens, a length that
+// would overflow std::size_t, truncate beyond the length, out of capacity)
+// throws kv_cache_error with a message naming the call, the sequence and the
+// numbers, and leaves the cache exactly as before (strong guarantee; an append
+// that fails reserves nothing, copies nothing). An invalid configuration throws
+// std::invalid_argument naming the field. Running out of host memory (the
+// pool, the sequence table) throws std::bad_alloc, also with no effect.
+//
+// Allocation. Besides the pool, the cache allocates when a sequence is created
+// or forked (one table entry) and when a sequence's block table outgrows its
+// capacity: tables grow geometrically (doubling, at least 8 entries, capped at
+// total_blocks(), the most a sequence can hold) and never shrink, so a
+// sequence allocates O(log blocks) times over its life. append() of tokens
+// that fit the capacity already reserved, truncate(), length(),
+// blocks_used() and the counters never allocate.
+//
+// Threads. Calls on distinct sequences of one cache may run concurrently from
+// any threads: the sequence table, the reference counts and the free list are
+// guarded by one internal mutex, held only for bookkeeping (block copies and
+// table growth happen outside it). Calls naming the same sequence must not
+// overlap when one of them modifies it (append, truncate, free); fork(p) and
+// the const queries (length, blocks_used, the internal block_table) only read
+// p and may overlap one another. The kernels may read blocks shared with other
+// sequences while those sequences are appended, truncated or freed. Moving a
+// cache, or destroying it, must not overlap any other call on it. The cache
+// uses no thread pool.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+
+namespace kvhead {
+
+namespace engine {
+struct kv_cache_internals;
+}
+
+/// Tokens per block when kv_cache_config::block_size is 0.
+inline constexpr std::size_t kv_cache_default_block_size = 256;
+
+struct kv_cache_config {
+  std::size_t num_layers = 1;      // layers of one geometry sharing one sequence-id space
+  std::size_t num_kv_heads = 0;    // G
+  std::size_t head_dim = 0;        // d (rows are padded to a multiple of 32 floats)
+  std::size_t block_size = 0;      // tokens per block: 32, 64, 128 or 256; 0 = default
+  std::size_t capacity_bytes = 0;  // pool budget: floor(capacity_bytes / block_bytes) blocks, at least 1
+};
+
+using sequence_id = std::uint64_t;
+
+/// Every misuse of a kv_cache (see "Errors" above).
+class kv_cache_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class kv_cache {
+ public:
+  /// Validates the configuration and allocates the whole pool.
+  explicit kv_cache(const kv_cache_config& config);
+  ~kv_cache();
+  /// Move-only. A moved-from cache may only be destroyed or assigned to.
+  kv_cache(kv_cache&&) noexcept;
+  kv_cache& operator=(kv_cache&&) noexcept;
+  kv_cache(const kv_cache&) = delete;
+  kv_cache& operator=(const kv_cache&) = delete;
+
+  /// The configuration, with block_size resolved (never 0).
+  const kv_cache_config& config() const;
+
+  /// A new empty sequence. Ids start at 1 and are never reused by this cache.
+  sequence_id create();
+  /// Reserves `tokens` >= 1 new positions at the end of the sequence, for all
+  /// layers; the blocks receiving them are exclusively owned on return.
+  void append(sequence_id sequence, std::size_t tokens);
+  /// A new sequence sharing all of the parent's blocks, with its length.
+  sequence_id fork(sequence_id parent);
+  /// Shortens the sequence to `length` <= length(sequence) tokens and drops
+  /// the blocks it no longer needs. No data is copied (a later append does
+  /// the copy-on-write if the new last block is shared).
+  void truncate(sequence_id sequence, std::size_t length);
+  /// Drops the sequence and its block references. The id is not reused.
+  void free(sequence_id sequence);
+
+  std::size_t length(sequence_id sequence) const;
+  /// Entries in the sequence's block table: ceil(length / block_size).
+  std::size_t blocks_used(sequence_id sequence) const;
+
+  std::size_t total_blocks() const;
+  std::size_t free_blocks() const;
+  std::size_t free_tokens() const;      // free_blocks() * block_size
+  std::size_t bytes_per_token() const;  // block_bytes() / block_size
+  std::size_t block_bytes() const;
+  std::size_t bytes_in_use() const;     // (total_blocks() - free_blocks()) * block_bytes()
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+  friend struct engine::kv_cache_internals;
+};
+
+}  // namespace kvhead
