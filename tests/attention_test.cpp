@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <tbb/task_arena.h>
+
 #include "engine/attention/flash_attention.hpp"
 #include "kvhead/attention.hpp"
 #include "kvhead/config.hpp"
@@ -298,6 +300,43 @@ TEST_CASE("attention determinism: one query alone is bit-identical to the same q
                           full.data() + (h * setup.dims.q_len + position) * setup.dims.head_dim,
                           setup.dims.head_dim * sizeof(float)) == 0);
       }
+    }
+  }
+}
+
+TEST_CASE("attention: a query whose own values are NaN gives NaN, not zeros") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> q = {1.0f, 0.0f, nan, nan}, k = {1.0f, 0.0f, 0.0f, 1.0f}, v = {1.0f, 2.0f, 3.0f, 4.0f};
+  for (bool causal : {false, true}) {
+    std::vector<float> out(4, 7.0f);
+    kvhead::attention_options options;
+    options.causal = causal;
+    using view = head_tensor<const float>;
+    kvhead::scaled_dot_product_attention({1, 1, 1, 2, 2, 2}, view::bhsd(q.data(), 1, 2, 2), view::bhsd(k.data(), 1, 2, 2),
+                                         view::bhsd(v.data(), 1, 2, 2), head_tensor<float>::bhsd(out.data(), 1, 2, 2),
+                                         options);
+    CHECK(std::isfinite(out[0]));
+    CHECK(std::isnan(out[2]));
+    CHECK(std::isnan(out[3]));
+  }
+}
+
+TEST_CASE("attention determinism: 1, 2, 3 and 8 threads give the same bits (prefill and split decode)") {
+  for (const attention_dims dims : {attention_dims{2, 8, 2, 300, 300, 32}, attention_dims{1, 8, 2, 1, 3000, 32}}) {
+    std::mt19937 generator(31);
+    sdpa_setup setup;
+    setup.dims = dims;
+    setup.causal = true;
+    const sdpa_data data = make_data(setup, generator);
+    std::vector<float> reference;
+    for (int threads : {1, 2, 3, 8}) {
+      std::vector<float> out;
+      const auto problem = make_problem(setup, data, out, kvhead::active_simd_path());
+      tbb::task_arena arena(threads);
+      arena.execute([&] { kvhead::engine::flash_attention(problem); });
+      if (reference.empty()) reference = out;
+      INFO("q_len " << dims.q_len << " threads " << threads);
+      CHECK(std::memcmp(out.data(), reference.data(), out.size() * sizeof(float)) == 0);
     }
   }
 }

@@ -398,6 +398,13 @@ TEST_CASE("merge_partials with a fully masked side, every path") {
       std::vector<float> out(d, 1.0f);
       normalize_row(zeros.data(), a.sum, out.data(), d, path);
       CHECK(out == zeros);
+
+      // A side whose scores were all NaN (max -inf, sum NaN) keeps its NaN.
+      a = masked;
+      merge_partials(a, acc_a.data(), softmax_partial{-infinity, nan_value}, zeros.data(), d, path);
+      CHECK(std::isnan(a.sum));
+      normalize_row(zeros.data(), a.sum, out.data(), d, path);
+      CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::isnan(x); }));
     }
   }
 }

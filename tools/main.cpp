@@ -1,89 +1,72 @@
-// The kvhead command-line program.
+// The kvhead command-line program: dispatches to one command per file
+// (run_command.cpp, kernel_demo.cpp); flags and exit codes in cli_args.hpp.
+#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <exception>
-#include <string>
+#include <span>
 #include <string_view>
 
+#include <tbb/global_control.h>
 #include <tbb/info.h>
 
 #include "kvhead/config.hpp"
+#include "tools/cli_args.hpp"
 #include "tools/kernel_demo.hpp"
+#include "tools/run_command.hpp"
 
 namespace {
 
-constexpr int exit_usage = 2;
+using namespace kvhead::tools;
 
 void print_help() {
-  std::printf(
+  std::fputs(
       "usage: kvhead <command> [options]\n"
       "\n"
       "commands:\n"
+      "  run [flags]          run one attention layer on a .npy input (below; kvhead run --help)\n"
       "  demo [--threads N]   time the GEMM kernel and print GFLOP/s and the SIMD path\n"
       "  --version            print the version and the SIMD path in use\n"
       "  --help               print this help\n"
-      "\n"
-      "environment:\n"
-      "  KVHEAD_ISA=avx512|avx2|sse2   force a lower SIMD path than the best this CPU has\n");
+      "\n",
+      stdout);
+  std::fputs(run_help_text(), stdout);
 }
 
-// Parses a positive thread count; returns 0 when the text is not one.
-int parse_threads(std::string_view text) {
-  if (text.empty() || text.size() > 6) return 0;
-  int value = 0;
-  for (char digit : text) {
-    if (digit < '0' || digit > '9') return 0;
-    value = value * 10 + (digit - '0');
-  }
-  return value;
-}
-
-int demo(int argc, char** argv) {
-  int threads = tbb::info::default_concurrency();
-  for (int i = 2; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    std::string_view value;
-    if (arg.rfind("--threads=", 0) == 0) {
-      value = arg.substr(10);
-    } else if (arg == "--threads" && i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      std::fprintf(stderr, "kvhead demo: unknown or incomplete option '%s' (see kvhead --help)\n", argv[i]);
-      return exit_usage;
+int demo(std::span<const char* const> args) {
+  return run_guarded("kvhead demo", [&] {
+    static constexpr flag_spec demo_flags[] = {{"--threads", true}};
+    const parsed_flags flags = parse_flags(args, demo_flags);
+    if (flags.help()) {
+      std::fputs("usage: kvhead demo [--threads N]   (N from 1 to 1024; default: the CPU count)\n", stdout);
+      return exit_ok;
     }
-    threads = parse_threads(value);
-    if (threads <= 0) {
-      std::fprintf(stderr, "kvhead demo: --threads needs a positive whole number, got '%.*s'\n",
-                   int(value.size()), value.data());
-      return exit_usage;
-    }
-  }
-  return kvhead::tools::run_kernel_demo(threads);
+    const std::size_t threads =
+        flags.count("--threads", max_threads).value_or(std::size_t(tbb::info::default_concurrency()));
+    // As in `kvhead run`: let the demo's arena really have `threads` threads.
+    const tbb::global_control allow(tbb::global_control::max_allowed_parallelism,
+                                    std::max(threads, std::size_t(tbb::info::default_concurrency())));
+    return kvhead::tools::run_kernel_demo(int(threads));
+  });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const std::string_view command = argc > 1 ? argv[1] : "";
+  const char* const* const argv_const = argv;
+  const std::span<const char* const> words(argv_const, std::size_t(argc));
+  const std::string_view command = argc > 1 ? words[1] : "";
+  const std::span<const char* const> args = argc > 1 ? words.subspan(2) : words.subspan(0, 0);
+  if (command == "run") return run_command(args);
+  if (command == "demo") return demo(args);
+  return run_guarded("kvhead", [&] {
     if (command == "--help" || command == "-h" || command == "help") {
       print_help();
-      return 0;
+      return exit_ok;
     }
     if (command == "--version") {
-      std::printf("kvhead %s (SIMD path: %s)\n", kvhead::version(),
-                  kvhead::to_string(kvhead::active_simd_path()));
-      return 0;
+      std::printf("kvhead %s (SIMD path: %s)\n", kvhead::version(), kvhead::to_string(kvhead::active_simd_path()));
+      return exit_ok;
     }
-    if (command == "demo") return demo(argc, argv);
-    if (command.empty())
-      std::fprintf(stderr, "kvhead: no command given\n");
-    else
-      std::fprintf(stderr, "kvhead: unknown command '%s'\n", argv[1]);
-    print_help();
-    return exit_usage;
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "kvhead: %s\n", error.what());
-    return 1;
-  }
+    if (command.empty()) throw usage_error("no command given");
+    throw usage_error("unknown command " + quote_arg(command));
+  });
 }

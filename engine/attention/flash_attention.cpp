@@ -6,8 +6,10 @@
 #include <vector>
 
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include "engine/arch/scratch.hpp"
+#include "engine/scheduler/split_schedule.hpp"
 #include "engine/softmax/softmax.hpp"
 
 namespace kvhead::engine {
@@ -65,151 +67,222 @@ std::size_t attention_tile::visible_end(std::size_t row) const {
 
 std::size_t tile_positions(std::size_t group) { return std::max<std::size_t>(1, stacked_rows / group); }
 
-// Passes numbered as in the header. Row = position * R + head in group.
-void attend_tile(const attention_tile& tile, const kv_chunk_source& source) {
-  const gemm_serial_scope serial;  // one task per tile already keeps the threads busy
+namespace {
+
+// Keys of chunk `chunk` that query row `position` of the tile sees.
+std::size_t visible_in_chunk(const attention_tile& tile, std::size_t chunk, std::size_t position) {
+  const std::size_t key0 = chunk * kv_chunk;
+  const std::size_t end = tile.visible_end(tile.position0 + position);
+  return end <= key0 ? 0 : std::min(kv_chunk, end - key0);
+}
+
+std::size_t tile_chunks(const attention_tile& tile) {
+  return ceil_div(tile.visible_end(tile.position0 + tile.positions - 1), kv_chunk);
+}
+
+// Per-task buffers of one tile. Row = position * R + head in group.
+struct tile_scratch {
+  scratch_lease q_rows, scores, partial, assembly;
+  tile_scratch(const attention_tile& tile, const kv_chunk_source& source)
+      : q_rows(tile.positions * tile.group * tile.head_dim),
+        scores(tile.positions * tile.group * kv_chunk),
+        partial(tile.positions * tile.group * (tile.head_dim + 2)),
+        assembly(source.assembly_floats()) {
+    for (std::size_t i = 0; i < tile.positions; ++i)
+      for (std::size_t r = 0; r < tile.group; ++r) {
+        const float* row = tile.q + (tile.kv_head * tile.group + r) * tile.q_head_stride +
+                           (tile.position0 + i) * tile.q_seq_stride;
+        std::copy(row, row + tile.head_dim, q_rows.data() + (i * tile.group + r) * tile.head_dim);
+      }
+  }
+};
+
+// 2. Chunk `chunk`'s partial of every row: (max, sum) and acc [rows x d].
+// Rows that see no key of the chunk are left as they are (never merged).
+void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, std::size_t chunk,
+                   tile_scratch& scratch, float* partial) {
   const std::size_t group = tile.group, head_dim = tile.head_dim, positions = tile.positions;
-  const std::size_t rows = positions * group;
-  const simd_path path = tile.path;
+  const std::size_t rows = positions * group, key0 = chunk * kv_chunk;
+  const std::size_t width = std::min(kv_chunk, tile.visible_end(tile.position0 + positions - 1) - key0);
+  auto visible = [&](std::size_t position) { return visible_in_chunk(tile, chunk, position); };
+  const kv_chunk_view view = source.chunk(chunk, scratch.assembly.data());
+  float* const scores = scratch.scores.data();
+  float* const max = partial;
+  float* const sum = partial + rows;
+  float* const acc = partial + 2 * rows;
 
-  // Running partial of each row in (max, sum, acc); the chunk's in
-  // (chunk_max, chunk_sum, chunk_acc).
-  scratch_lease q_rows(rows * head_dim), scores(rows * kv_chunk), acc(rows * head_dim),
-      chunk_acc(rows * head_dim), stats(4 * rows), assembly(source.assembly_floats());
-  float* const max = stats.data();
-  float* const sum = max + rows;
-  float* const chunk_max = sum + rows;
-  float* const chunk_sum = chunk_max + rows;
-
-  auto q_row = [&](std::size_t i, std::size_t r) {
-    return tile.q + (tile.kv_head * group + r) * tile.q_head_stride + (tile.position0 + i) * tile.q_seq_stride;
-  };
-  for (std::size_t i = 0; i < positions; ++i)
-    for (std::size_t r = 0; r < group; ++r)
-      std::copy(q_row(i, r), q_row(i, r) + head_dim, q_rows.data() + (i * group + r) * head_dim);
-  std::fill(max, max + rows, -INFINITY);
-  std::fill(sum, sum + rows, 0.0f);
-  std::fill(acc.data(), acc.data() + rows * head_dim, 0.0f);
-
-  // The last position sees the most keys (visible_end grows with the position).
-  const std::size_t tile_end = tile.visible_end(tile.position0 + positions - 1);
-  for (std::size_t key0 = 0; key0 < tile_end; key0 += kv_chunk) {  // 1. fixed chunks
-    const std::size_t width = std::min(kv_chunk, tile_end - key0);
-    auto visible = [&](std::size_t position) {  // keys of this chunk that `position` sees
-      const std::size_t end = tile.visible_end(tile.position0 + position);
-      return end <= key0 ? 0 : std::min(width, end - key0);
-    };
-    const kv_chunk_view chunk = source.chunk(key0 / kv_chunk, assembly.data());
-
-    // 2a. scores = scale * q kᵀ (+ mask).
-    gemm({rows, width, head_dim}, tile.scale, {q_rows.data(), head_dim, transpose::no}, chunk.keys, 0.0f,
-         scores.data(), kv_chunk);
-    if (tile.additive_mask != nullptr)
-      for (std::size_t row = 0; row < rows; ++row) {
-        const float* mask_row = tile.additive_mask + (tile.position0 + row / group) * tile.mask_ld + key0;
-        float* score_row = scores.data() + row * kv_chunk;
-        for (std::size_t j = 0; j < width; ++j) score_row[j] += mask_row[j];
-      }
-
-    // 2b. Each row's chunk partial from an empty state over its visible keys.
+  // 2a. scores = scale * q kᵀ (+ mask).
+  gemm({rows, width, head_dim}, tile.scale, {scratch.q_rows.data(), head_dim, transpose::no}, view.keys, 0.0f, scores,
+       kv_chunk);
+  if (tile.additive_mask != nullptr)
     for (std::size_t row = 0; row < rows; ++row) {
-      softmax_partial state;
-      online_softmax_block(scores.data() + row * kv_chunk, visible(row / group), state, path);
-      chunk_max[row] = state.max;
-      chunk_sum[row] = state.sum;
+      const float* mask_row = tile.additive_mask + (tile.position0 + row / group) * tile.mask_ld + key0;
+      for (std::size_t j = 0; j < width; ++j) scores[row * kv_chunk + j] += mask_row[j];
     }
 
-    // 2c. chunk_acc = p v. Off the causal diagonal every position sees the
-    // whole chunk: one GEMM. On it, positions see different prefixes. When
-    // V's rows there are all finite, hidden probabilities are set to 0 and one
-    // GEMM still runs over the widest prefix: fma(0, v, acc) == acc exactly
-    // for finite v (acc starts at +0 and is never -0), so each row's bits are
-    // those of a GEMM over its own prefix. Otherwise (NaN or Inf in V) runs of
-    // positions with equal prefixes get their own GEMMs, so a hidden
-    // non-finite value never meets a zero probability.
-    const std::size_t widest = visible(positions - 1);
-    auto multiply_pv = [&](std::size_t first_position, std::size_t end_position, std::size_t depth) {
-      const std::size_t row0 = first_position * group;
-      gemm({(end_position - first_position) * group, head_dim, depth}, 1.0f,
-           {scores.data() + row0 * kv_chunk, kv_chunk, transpose::no}, chunk.values, 0.0f,
-           chunk_acc.data() + row0 * head_dim, head_dim);
-    };
-    if (visible(0) == widest || all_finite(chunk.values, widest)) {
-      for (std::size_t row = 0; row < rows; ++row)
-        std::fill(scores.data() + row * kv_chunk + visible(row / group), scores.data() + row * kv_chunk + widest,
-                  0.0f);
-      if (widest > 0) multiply_pv(0, positions, widest);
-    } else {
-      for (std::size_t run_start = 0; run_start < positions;) {
-        const std::size_t depth = visible(run_start);
-        std::size_t run_end = run_start + 1;
-        while (run_end < positions && visible(run_end) == depth) ++run_end;
-        if (depth > 0) multiply_pv(run_start, run_end, depth);
-        run_start = run_end;
-      }
-    }
-
-    // 3. Merge into the running partial, left to right.
-    for (std::size_t row = 0; row < rows; ++row) {
-      if (visible(row / group) == 0) continue;
-      softmax_partial running{max[row], sum[row]};
-      merge_partials(running, acc.data() + row * head_dim, softmax_partial{chunk_max[row], chunk_sum[row]},
-                     chunk_acc.data() + row * head_dim, head_dim, path);
-      max[row] = running.max;
-      sum[row] = running.sum;
-    }
+  // 2b. Each row's partial from an empty state over its visible keys.
+  for (std::size_t row = 0; row < rows; ++row) {
+    softmax_partial state;
+    online_softmax_block(scores + row * kv_chunk, visible(row / group), state, tile.path);
+    max[row] = state.max;
+    sum[row] = state.sum;
   }
 
-  for (std::size_t i = 0; i < positions; ++i)
-    for (std::size_t r = 0; r < group; ++r) {
-      float* target = tile.out + (tile.kv_head * group + r) * tile.out_head_stride +
-                      (tile.position0 + i) * tile.out_seq_stride;
-      normalize_row(acc.data() + (i * group + r) * head_dim, sum[i * group + r], target, head_dim, path);
+  // 2c. acc = p v. Off the causal diagonal every position sees the whole
+  // chunk: one GEMM. On it, positions see different prefixes. When V's rows
+  // there are all finite, hidden probabilities are set to 0 and one GEMM
+  // still runs over the widest prefix: fma(0, v, acc) == acc exactly for
+  // finite v (acc starts at +0 and is never -0), so each row's bits are those
+  // of a GEMM over its own prefix. Otherwise (NaN or Inf in V) runs of
+  // positions with equal prefixes get their own GEMMs, so a hidden non-finite
+  // value never meets a zero probability.
+  const std::size_t widest = visible(positions - 1);
+  auto multiply_pv = [&](std::size_t first_position, std::size_t end_position, std::size_t depth) {
+    const std::size_t row0 = first_position * group;
+    gemm({(end_position - first_position) * group, head_dim, depth}, 1.0f,
+         {scores + row0 * kv_chunk, kv_chunk, transpose::no}, view.values, 0.0f, acc + row0 * head_dim, head_dim);
+  };
+  if (visible(0) == widest || all_finite(view.values, widest)) {
+    for (std::size_t row = 0; row < rows; ++row)
+      std::fill(scores + row * kv_chunk + visible(row / group), scores + row * kv_chunk + widest, 0.0f);
+    if (widest > 0) multiply_pv(0, positions, widest);
+  } else {
+    for (std::size_t run_start = 0; run_start < positions;) {
+      const std::size_t depth = visible(run_start);
+      std::size_t run_end = run_start + 1;
+      while (run_end < positions && visible(run_end) == depth) ++run_end;
+      if (depth > 0) multiply_pv(run_start, run_end, depth);
+      run_start = run_end;
     }
+  }
+}
+
+// A partial of every row of a tile: max [rows], sum [rows], then acc [rows x d].
+std::size_t partial_floats(const attention_tile& tile) {
+  return tile.positions * tile.group * (tile.head_dim + 2);
+}
+
+void clear_partial(const attention_tile& tile, float* partial) {
+  const std::size_t rows = tile.positions * tile.group;
+  std::fill(partial, partial + rows, -INFINITY);
+  std::fill(partial + rows, partial + partial_floats(tile), 0.0f);
+}
+
+// 3. Merges chunk `chunk`'s partial into the running one, row by row.
+void merge_into(const attention_tile& tile, std::size_t chunk, float* running, const float* partial) {
+  const std::size_t rows = tile.positions * tile.group;
+  for (std::size_t row = 0; row < rows; ++row) {
+    if (visible_in_chunk(tile, chunk, row / tile.group) == 0) continue;
+    softmax_partial merged{running[row], running[rows + row]};
+    merge_partials(merged, running + 2 * rows + row * tile.head_dim, softmax_partial{partial[row], partial[rows + row]},
+                   partial + 2 * rows + row * tile.head_dim, tile.head_dim, tile.path);
+    running[row] = merged.max;
+    running[rows + row] = merged.sum;
+  }
+}
+
+// 4. out = acc / sum.
+void write_output(const attention_tile& tile, const float* running) {
+  const std::size_t rows = tile.positions * tile.group;
+  for (std::size_t i = 0; i < tile.positions; ++i)
+    for (std::size_t r = 0; r < tile.group; ++r) {
+      const std::size_t row = i * tile.group + r;
+      float* target = tile.out + (tile.kv_head * tile.group + r) * tile.out_head_stride +
+                      (tile.position0 + i) * tile.out_seq_stride;
+      normalize_row(running + 2 * rows + row * tile.head_dim, running[rows + row], target, tile.head_dim, tile.path);
+    }
+}
+
+// Computes the partials of chunks [begin, end): merged into `running` as they
+// come when `stored` is null, else each kept at stored + (c - begin) * size.
+void process_chunks(const attention_tile& tile, const kv_chunk_source& source, std::size_t begin, std::size_t end,
+                    float* running, float* stored) {
+  tile_scratch scratch(tile, source);
+  for (std::size_t chunk = begin; chunk < end; ++chunk) {
+    if (chunk + 1 < end) source.prefetch(chunk + 1);
+    float* partial = stored != nullptr ? stored + (chunk - begin) * partial_floats(tile) : scratch.partial.data();
+    chunk_partial(tile, source, chunk, scratch, partial);
+    if (stored == nullptr) merge_into(tile, chunk, running, partial);
+  }
+}
+
+}  // namespace
+
+void run_tiles(const std::vector<attention_tile>& tiles,
+               const std::function<const kv_chunk_source&(std::size_t)>& source_of) {
+  std::vector<work_unit> units;
+  for (const attention_tile& tile : tiles) {
+    double cost = 0.0;  // multiply-adds of q kᵀ and p v over the visible keys
+    for (std::size_t i = 0; i < tile.positions; ++i)
+      cost += 2.0 * double(tile.group * tile.head_dim) * double(tile.visible_end(tile.position0 + i));
+    units.push_back({tile_chunks(tile), cost});
+  }
+  const work_plan plan =
+      plan_work(units, static_cast<std::size_t>(tbb::this_task_arena::max_concurrency()));
+  // Storage for the per-chunk partials of split tiles.
+  std::vector<std::size_t> offset(tiles.size(), 0);
+  std::size_t stored_floats = 0;
+  for (std::size_t t = 0; t < tiles.size(); ++t)
+    if (plan.split[t]) {
+      offset[t] = stored_floats;
+      stored_floats += units[t].chunks * partial_floats(tiles[t]);
+    }
+  scratch_lease stored(stored_floats);
+  run_tasks(plan, [&](const work_task& task) {
+    const attention_tile& tile = tiles[task.unit];
+    const gemm_serial_scope serial;  // one task per tile or range already keeps the threads busy
+    if (plan.split[task.unit]) {
+      process_chunks(tile, source_of(task.unit), task.chunk_begin, task.chunk_end, nullptr,
+                     stored.data() + offset[task.unit] + task.chunk_begin * partial_floats(tile));
+      return;
+    }
+    scratch_lease running(partial_floats(tile));
+    clear_partial(tile, running.data());
+    process_chunks(tile, source_of(task.unit), 0, units[task.unit].chunks, running.data(), nullptr);
+    write_output(tile, running.data());
+  });
+  // Split tiles: merge the stored partials left to right, then normalize.
+  std::vector<std::size_t> split_tiles;
+  for (std::size_t t = 0; t < tiles.size(); ++t)
+    if (plan.split[t]) split_tiles.push_back(t);
+  run_indices(split_tiles.size(), [&](std::size_t index) {
+    const attention_tile& tile = tiles[split_tiles[index]];
+    scratch_lease running(partial_floats(tile));
+    clear_partial(tile, running.data());
+    for (std::size_t chunk = 0; chunk < units[split_tiles[index]].chunks; ++chunk)
+      merge_into(tile, chunk, running.data(), stored.data() + offset[split_tiles[index]] + chunk * partial_floats(tile));
+    write_output(tile, running.data());
+  });
 }
 
 void flash_attention(const attention_problem& problem) {
   const attention_dims& dims = problem.dims;
   const std::size_t group = dims.num_heads / dims.num_kv_heads;
   const std::size_t positions = tile_positions(group);
-  const std::size_t tiles = ceil_div(dims.q_len, positions);
-  auto key_limit = [&](std::size_t batch) {
-    return problem.valid_len != nullptr ? problem.valid_len[batch] : dims.kv_len;
-  };
-  auto make_tile = [&](std::size_t batch, std::size_t kv_head, std::size_t position0, std::size_t count) {
-    return attention_tile{problem.q.data + batch * problem.q.batch_stride,
-                          problem.q.head_stride,
-                          problem.q.seq_stride,
-                          problem.out.data + batch * problem.out.batch_stride,
-                          problem.out.head_stride,
-                          problem.out.seq_stride,
-                          kv_head,
-                          group,
-                          dims.head_dim,
-                          position0,
-                          count,
-                          problem.q_offset,
-                          key_limit(batch),
-                          problem.causal,
-                          problem.additive_mask,
-                          dims.kv_len,
-                          problem.scale,
-                          problem.path};
-  };
-  // 1. Pack K and V of every (batch, kv head), as far as the last query sees.
+  std::vector<attention_tile> tiles;
+  std::vector<std::size_t> source_index;
+  for (std::size_t batch = 0; batch < dims.batch; ++batch)
+    for (std::size_t kv_head = 0; kv_head < dims.num_kv_heads; ++kv_head)
+      for (std::size_t position0 = 0; position0 < dims.q_len; position0 += positions) {
+        tiles.push_back({problem.q.data + batch * problem.q.batch_stride, problem.q.head_stride, problem.q.seq_stride,
+                         problem.out.data + batch * problem.out.batch_stride, problem.out.head_stride,
+                         problem.out.seq_stride, kv_head, group, dims.head_dim, position0,
+                         std::min(positions, dims.q_len - position0), problem.q_offset,
+                         problem.valid_len != nullptr ? problem.valid_len[batch] : dims.kv_len, problem.causal,
+                         problem.additive_mask, dims.kv_len, problem.scale, problem.path});
+        source_index.push_back(batch * dims.num_kv_heads + kv_head);
+      }
+  // 1. Pack K and V of every (batch, kv head), as far as its last query sees.
   std::vector<std::unique_ptr<packed_kv_source>> sources(dims.batch * dims.num_kv_heads);
-  tbb::parallel_for(std::size_t{0}, sources.size(), [&](std::size_t index) {
-    const std::size_t batch = index / dims.num_kv_heads, kv_head = index % dims.num_kv_heads;
-    const std::size_t keys = make_tile(batch, kv_head, 0, 1).visible_end(dims.q_len - 1);
-    sources[index] = std::make_unique<packed_kv_source>(problem, batch, kv_head, keys);
+  std::vector<std::size_t> keys_seen(sources.size(), 0);
+  for (std::size_t t = 0; t < tiles.size(); ++t)
+    keys_seen[source_index[t]] = std::max(keys_seen[source_index[t]], tiles[t].visible_end(dims.q_len - 1));
+  run_indices(sources.size(), [&](std::size_t index) {
+    sources[index] = std::make_unique<packed_kv_source>(problem, index / dims.num_kv_heads,
+                                                        index % dims.num_kv_heads, keys_seen[index]);
   });
-  // 2. Every (batch, kv head, query tile).
-  tbb::parallel_for(std::size_t{0}, sources.size() * tiles, [&](std::size_t task) {
-    const std::size_t index = task / tiles, position0 = task % tiles * positions;
-    attend_tile(make_tile(index / dims.num_kv_heads, index % dims.num_kv_heads, position0,
-                          std::min(positions, dims.q_len - position0)),
-                *sources[index]);
-  });
+  // 2-4. Every tile, as the scheduler cuts them.
+  run_tiles(tiles, [&](std::size_t t) -> const kv_chunk_source& { return *sources[source_index[t]]; });
 }
 
 void attention_probabilities(const attention_problem& problem, float* probabilities) {

@@ -26,6 +26,8 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <vector>
 
 #include "engine/gemm/gemm.hpp"
 #include "kvhead/attention.hpp"
@@ -55,6 +57,9 @@ class kv_chunk_source {
   /// it in `scratch`, assembly_floats() floats owned by the calling task.
   virtual kv_chunk_view chunk(std::size_t index, float* scratch) const = 0;
   virtual std::size_t assembly_floats() const { return 0; }
+  /// A hint that chunk `index` comes next (sources that read memory in place
+  /// start fetching it into L2).
+  virtual void prefetch(std::size_t index) const { (void)index; }
 };
 
 /// One unit of work: query rows [position0, position0 + positions) of the R
@@ -81,8 +86,13 @@ struct attention_tile {
 /// Query positions per tile for a group of R heads (R x positions <= 120 rows).
 std::size_t tile_positions(std::size_t group);
 
-/// Runs one tile with the fixed-order algorithm above.
-void attend_tile(const attention_tile& tile, const kv_chunk_source& source);
+/// Runs every tile in parallel as the scheduler plans them
+/// (engine/scheduler/split_schedule.hpp): long key ranges are split across
+/// tasks, their chunk partials merged afterwards in chunk order, so the bits
+/// are the same whatever the thread count. source_of(t) is tile
+/// t's chunk source.
+void run_tiles(const std::vector<attention_tile>& tiles,
+               const std::function<const kv_chunk_source&(std::size_t)>& source_of);
 
 /// A validated attention problem over user tensors (validated at the public
 /// boundary).

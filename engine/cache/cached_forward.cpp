@@ -20,6 +20,7 @@
 #include "engine/arch/scratch.hpp"
 #include "engine/attention/flash_attention.hpp"
 #include "engine/attention/layer_impl.hpp"
+#include "engine/cache/cached_attention.hpp"
 #include "engine/cache/kv_cache_internals.hpp"
 
 namespace kvhead {
@@ -44,6 +45,15 @@ class cache_kv_source final : public kv_chunk_source {
   std::size_t assembly_floats() const override {
     return block_size_ == kv_chunk ? 0 : packed_b_floats(config_, head_dim_, kv_chunk) +
                                              packed_b_floats(config_, kv_chunk, head_dim_);
+  }
+
+  void prefetch(std::size_t index) const override {
+    if (block_size_ != kv_chunk) return;  // assembled chunks are copied, not streamed
+    const float* block = kv_cache_internals::block_data(cache_, table_[index]);
+    const std::size_t bytes = kv_cache_internals::region_floats(cache_) * sizeof(float);
+    for (const float* region : {block + key_offset_, block + value_offset_})
+      for (std::size_t offset = 0; offset < bytes; offset += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(region) + offset, 0, 2);
   }
 
   kv_chunk_view chunk(std::size_t index, float* scratch) const override {
@@ -101,6 +111,48 @@ void require(bool condition, const std::string& message) {
 }
 
 }  // namespace
+
+void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch, const float* k,
+                     const float* v, simd_path path) {
+  const kv_cache_config& geometry = cache.config();
+  const std::size_t kv_heads = geometry.num_kv_heads, head_dim = geometry.head_dim, block_size = geometry.block_size;
+  const gemm_config config = gemm_config_for(path);
+  tbb::parallel_for(std::size_t{0}, batch.size() * kv_heads, [&](std::size_t task) {
+    const cached_rows& e = batch[task / kv_heads];
+    const std::size_t kv_head = task % kv_heads;
+    const std::size_t key_offset = kv_cache_internals::region_offset(cache, layer, kv_head, false);
+    const std::size_t value_offset = kv_cache_internals::region_offset(cache, layer, kv_head, true);
+    for (std::size_t position = e.past; position < e.length; ++position) {
+      float* block = kv_cache_internals::block_data(cache, e.table[position / block_size]);
+      const std::size_t row = e.row0 + position - e.past;
+      write_token(block + key_offset, block + value_offset, config, block_size, head_dim, position % block_size,
+                  k + (row * kv_heads + kv_head) * head_dim, v + (row * kv_heads + kv_head) * head_dim);
+    }
+  });
+}
+
+void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
+                      std::size_t num_heads, const float* q, float* out, float scale, simd_path path) {
+  const std::size_t kv_heads = cache.config().num_kv_heads, head_dim = cache.config().head_dim;
+  const std::size_t group = num_heads / kv_heads;
+  const std::size_t tile_rows = tile_positions(group);
+  const std::size_t row_stride = num_heads * head_dim;
+  std::vector<attention_tile> tiles;
+  std::vector<cache_kv_source> sources;
+  std::vector<std::size_t> source_index;
+  for (const cached_rows& e : batch)
+    for (std::size_t kv_head = 0; kv_head < kv_heads; ++kv_head) {
+      sources.emplace_back(cache, e.table, e.length, layer, kv_head, path);
+      for (std::size_t p = 0; p < e.length - e.past; p += tile_rows) {
+        tiles.push_back({q + e.row0 * row_stride, head_dim, row_stride, out + e.row0 * row_stride, head_dim,
+                         row_stride, kv_head, group, head_dim, p, std::min(tile_rows, e.length - e.past - p), e.past,
+                         e.length, true, nullptr, 0, scale, path});
+        source_index.push_back(sources.size() - 1);
+      }
+    }
+  run_tiles(tiles, [&](std::size_t t) -> const kv_chunk_source& { return sources[source_index[t]]; });
+}
+
 }  // namespace engine
 
 void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vector<sequence_tokens>& batch,
@@ -114,12 +166,7 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
               std::to_string(config.head_dim));
   require(layer < geometry.num_layers, "layer " + std::to_string(layer) + " is out of range (the cache has " +
                                            std::to_string(geometry.num_layers) + ")");
-  // Each entry: its rows of x, and its past (positions before the new tokens).
-  struct entry {
-    const std::uint32_t* table;
-    std::size_t length, past, row0;
-  };
-  std::vector<entry> entries;
+  std::vector<cached_rows> entries;
   std::set<sequence_id> seen;
   std::size_t rows = 0;
   for (const sequence_tokens& item : batch) {
@@ -138,54 +185,17 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
 
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
   const simd_path path = active_simd_path();
-  const gemm_config gemm_setup = gemm_config_for(path);
-  const std::size_t block_size = geometry.block_size;
-
   // 1-2. Projections and RoPE at each row's absolute position.
   std::vector<float> q(rows * heads * head_dim), k(rows * kv_heads * head_dim), v(rows * kv_heads * head_dim),
       attended(rows * heads * head_dim);
   std::vector<std::size_t> positions(rows);
-  for (const entry& e : entries)
+  for (const cached_rows& e : entries)
     for (std::size_t i = 0; i < e.length - e.past; ++i) positions[e.row0 + i] = e.past + i;
   impl_->project(x, rows, positions.data(), q.data(), k.data(), v.data());
-
-  // 3. Write the new K and V into their blocks (each block exclusively owned
-  // after append, so sequences never race).
-  tbb::parallel_for(std::size_t{0}, entries.size() * kv_heads, [&](std::size_t task) {
-    const entry& e = entries[task / kv_heads];
-    const std::size_t kv_head = task % kv_heads;
-    const std::size_t key_offset = kv_cache_internals::region_offset(cache, layer, kv_head, false);
-    const std::size_t value_offset = kv_cache_internals::region_offset(cache, layer, kv_head, true);
-    for (std::size_t position = e.past; position < e.length; ++position) {
-      float* block = kv_cache_internals::block_data(cache, e.table[position / block_size]);
-      const std::size_t row = e.row0 + position - e.past;
-      write_token(block + key_offset, block + value_offset, gemm_setup, block_size, head_dim, position % block_size,
-                  k.data() + (row * kv_heads + kv_head) * head_dim, v.data() + (row * kv_heads + kv_head) * head_dim);
-    }
-  });
-
-  // 4. Attention: tiles over (entry, kv head, query tile).
-  const std::size_t group = heads / kv_heads;
-  const std::size_t tile_rows = tile_positions(group);
-  struct task {
-    std::size_t entry, kv_head, position0, positions;
-  };
-  std::vector<task> tasks;
-  for (std::size_t index = 0; index < entries.size(); ++index)
-    for (std::size_t kv_head = 0; kv_head < kv_heads; ++kv_head)
-      for (std::size_t p = 0; p < entries[index].length - entries[index].past; p += tile_rows)
-        tasks.push_back({index, kv_head, p, std::min(tile_rows, entries[index].length - entries[index].past - p)});
-  tbb::parallel_for(std::size_t{0}, tasks.size(), [&](std::size_t t) {
-    const task& job = tasks[t];
-    const entry& e = entries[job.entry];
-    const cache_kv_source source(cache, e.table, e.length, layer, job.kv_head, path);
-    const std::size_t row_stride = heads * head_dim;
-    attend_tile({q.data() + e.row0 * row_stride, head_dim, row_stride, attended.data() + e.row0 * row_stride,
-                 head_dim, row_stride, job.kv_head, group, head_dim, job.position0, job.positions, e.past, e.length,
-                 true, nullptr, 0, *config.scale, path},
-                source);
-  });
-
+  // 3. The new K and V into their blocks (each exclusively owned after
+  // append, so sequences never race); 4. attention over each whole past.
+  write_cached_kv(cache, layer, entries, k.data(), v.data(), path);
+  cached_attention(cache, layer, entries, heads, q.data(), attended.data(), *config.scale, path);
   // 5. Output projection.
   impl_->o_proj.apply(attended.data(), rows, y);
 }

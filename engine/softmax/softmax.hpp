@@ -91,8 +91,9 @@ void scale_floats(float* values, std::size_t n, float factor, simd_path path = a
 ///   acc_a  = (acc_a * fa) + (acc_b * fb)          (two products, then one add)
 ///   a.sum  = (a.sum * fa) + (b.sum * fb)
 ///   a.max  = m
-/// When both maxima are -inf, a and acc_a are left as they are (so a NaN sum
-/// of a fully masked b is dropped). acc_b may not overlap acc_a.
+/// When both maxima are -inf (nothing visible, or scores that were all NaN),
+/// a.max and acc_a are left as they are and a.sum = a.sum + b.sum, so a NaN
+/// sum carries on to the output. acc_b may not overlap acc_a.
 void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b,
                     std::size_t d, simd_path path = active_simd_path());
 

@@ -195,7 +195,12 @@ void softmax_kernels<Arch>::merge_partials(softmax_partial& a, float* acc_a, con
                                            const float* acc_b, std::size_t d) {
   using batch = xsimd::batch<float, Arch>;
   constexpr float minus_infinity = softmax_detail::minus_infinity;
-  if (a.max == minus_infinity && b.max == minus_infinity) return;
+  if (a.max == minus_infinity && b.max == minus_infinity) {
+    // Nothing visible on either side: sums are 0, or NaN when a side's scores
+    // were all NaN (the max pass skips NaN): keep the NaN so it reaches the output.
+    a.sum = a.sum + b.sum;
+    return;
+  }
   const float max = b.max > a.max ? b.max : a.max;
   const float fa = a.max == minus_infinity ? 0.0f : softmax_detail::exp_scalar<Arch>(a.max - max);
   const float fb = b.max == minus_infinity ? 0.0f : softmax_detail::exp_scalar<Arch>(b.max - max);

@@ -1,0 +1,56 @@
+// The scheduler: how a call's work is cut into tasks, and running them on
+// oneTBB in the caller's task arena (nothing here spawns threads).
+//
+// Work arrives as units ("tiles"), each a left-to-right reduction over
+// `chunks` steps of known cost (attention: a query tile over its key chunks).
+// A unit is either one task, or, when it alone would be too large a share of
+// the call, split into tasks over contiguous chunk ranges whose per-chunk
+// partial results are merged afterwards, in chunk order.
+//
+// Determinism rule. The plan only decides WHO computes a chunk's partial and
+// WHEN; every chunk's partial is computed by the same code from the same
+// inputs, and every unit's partials are merged strictly left to right, one
+// chunk at a time, starting from the empty partial. A split unit stores its
+// per-chunk partials and merges them in a later pass; an unsplit unit merges
+// each as it goes. Both perform the identical sequence of floating-point
+// operations, so results are bit-identical for any thread count, any split,
+// and any order in which tasks run.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+namespace kvhead::engine {
+
+struct work_unit {
+  std::size_t chunks;      // reduction steps, merged left to right
+  double cost;             // whole unit, any consistent unit (e.g. flops)
+};
+
+struct work_task {
+  std::size_t unit;
+  std::size_t chunk_begin, chunk_end;
+  double cost;
+};
+
+struct work_plan {
+  std::vector<work_task> tasks;    // largest first
+  std::vector<bool> split;         // per unit: computed as several tasks
+  double total_cost = 0.0;
+  double largest_share() const;    // the largest task's cost / total_cost
+};
+
+/// Plans `units` for `threads` workers: a unit larger than total / (4 *
+/// threads) is split into that many near-equal chunk ranges (at most one per
+/// chunk), so the largest task stays a small share of the call and work
+/// stealing keeps every worker busy; tasks are ordered largest first.
+work_plan plan_work(const std::vector<work_unit>& units, std::size_t threads);
+
+/// Runs every task of `plan` in parallel on the current task arena.
+void run_tasks(const work_plan& plan, const std::function<void(const work_task&)>& body);
+
+/// Runs body(i) for i in [0, count) in parallel on the current task arena.
+void run_indices(std::size_t count, const std::function<void(std::size_t)>& body);
+
+}  // namespace kvhead::engine
