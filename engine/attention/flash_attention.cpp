@@ -208,8 +208,7 @@ void process_chunks(const attention_tile& tile, const kv_chunk_source& source, s
 
 }  // namespace
 
-void run_tiles(const std::vector<attention_tile>& tiles,
-               const std::function<const kv_chunk_source&(std::size_t)>& source_of) {
+std::vector<work_unit> tile_work_units(const std::vector<attention_tile>& tiles) {
   std::vector<work_unit> units;
   for (const attention_tile& tile : tiles) {
     double cost = 0.0;  // multiply-adds of q kᵀ and p v over the visible keys
@@ -217,6 +216,12 @@ void run_tiles(const std::vector<attention_tile>& tiles,
       cost += 2.0 * double(tile.group * tile.head_dim) * double(tile.visible_end(tile.position0 + i));
     units.push_back({tile_chunks(tile), cost});
   }
+  return units;
+}
+
+void run_tiles(const std::vector<attention_tile>& tiles,
+               const std::function<const kv_chunk_source&(std::size_t)>& source_of) {
+  const std::vector<work_unit> units = tile_work_units(tiles);
   const work_plan plan =
       plan_work(units, static_cast<std::size_t>(tbb::this_task_arena::max_concurrency()));
   // Storage for the per-chunk partials of split tiles.

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "engine/gemm/gemm.hpp"
+#include "engine/scheduler/split_schedule.hpp"
 #include "kvhead/attention.hpp"
 #include "kvhead/config.hpp"
 
@@ -85,6 +86,10 @@ struct attention_tile {
 
 /// Query positions per tile for a group of R heads (R x positions <= 120 rows).
 std::size_t tile_positions(std::size_t group);
+
+/// The scheduler's view of tiles: per tile, its key chunks and the
+/// multiply-adds of q kᵀ and p v over its visible keys.
+std::vector<work_unit> tile_work_units(const std::vector<attention_tile>& tiles);
 
 /// Runs every tile in parallel as the scheduler plans them
 /// (engine/scheduler/split_schedule.hpp): long key ranges are split across
