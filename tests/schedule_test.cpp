@@ -51,9 +51,11 @@ TEST_CASE("scheduler: partition of the S shapes for 16, 64 and 128 threads") {
   };
   std::string table = "shape                      threads  tasks  largest task share\n";
   for (const shape_case& shape : shapes) {
-    const auto units = kvhead::engine::tile_work_units(shape.tiles);
+    std::vector<kvhead::engine::work_unit> units;
+    kvhead::engine::tile_work_units(shape.tiles, units);
     for (std::size_t threads : {16, 64, 128}) {
-      const kvhead::engine::work_plan plan = kvhead::engine::plan_work(units, threads);
+      kvhead::engine::work_plan plan;
+      kvhead::engine::plan_work(units, threads, plan);
       char line[128];
       std::snprintf(line, sizeof line, "%-26s %7zu %6zu  %6.3f%% (1/%.0f)\n", shape.name, threads, plan.tasks.size(),
                     100.0 * plan.largest_share(), 1.0 / plan.largest_share());
@@ -75,7 +77,8 @@ TEST_CASE("scheduler: partition of the S shapes for 16, 64 and 128 threads") {
 TEST_CASE("scheduler: every chunk of every unit is in exactly one task") {
   const std::vector<kvhead::engine::work_unit> units = {{0, 0.0}, {1, 5.0}, {17, 100.0}, {3, 1.0}, {40, 900.0}};
   for (std::size_t threads : {1, 2, 3, 8, 64}) {
-    const auto plan = kvhead::engine::plan_work(units, threads);
+    kvhead::engine::work_plan plan;
+    kvhead::engine::plan_work(units, threads, plan);
     std::vector<std::vector<int>> seen(units.size());
     for (std::size_t u = 0; u < units.size(); ++u) seen[u].assign(units[u].chunks, 0);
     std::vector<int> tasks_of(units.size(), 0);

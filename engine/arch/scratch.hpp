@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "engine/arch/aligned_buffer.hpp"
@@ -38,6 +39,38 @@ class scratch_lease {
   }
   std::size_t level_;
   float* data_;
+};
+
+/// A per-thread reusable T (a set of vectors, say) with the same nesting
+/// rule as scratch_lease: each live lease on a thread has its own object, kept
+/// for the next lease at that level, so its vectors keep their capacity and a
+/// steady state of repeated calls allocates nothing.
+template <class T>
+class reusable {
+ public:
+  reusable() : level_(depth()++) {
+    auto& objects = stack();
+    if (objects.size() <= level_) objects.push_back(std::make_unique<T>());
+    object_ = objects[level_].get();
+  }
+  ~reusable() { --depth(); }
+  reusable(const reusable&) = delete;
+  reusable& operator=(const reusable&) = delete;
+
+  T& operator*() const { return *object_; }
+  T* operator->() const { return object_; }
+
+ private:
+  static std::vector<std::unique_ptr<T>>& stack() {
+    thread_local std::vector<std::unique_ptr<T>> objects;
+    return objects;
+  }
+  static std::size_t& depth() {
+    thread_local std::size_t used = 0;
+    return used;
+  }
+  std::size_t level_;
+  T* object_;
 };
 
 }  // namespace kvhead::engine

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/arch/require.hpp"
 #include "engine/attention/flash_attention.hpp"
 #include "engine/attention/layer_impl.hpp"
 #include "engine/attention/rope.hpp"
@@ -14,24 +15,21 @@
 namespace kvhead {
 namespace {
 
-void require(bool condition, const std::string& message) {
-  if (!condition) throw std::invalid_argument(message);
-}
-
 float resolve_scale(const std::optional<float>& scale, std::size_t head_dim) {
   if (!scale) return float(1.0 / std::sqrt(double(head_dim)));
-  require(std::isfinite(*scale), "attention: scale must be finite");
+  engine::require(std::isfinite(*scale), [&] { return std::string("attention: scale must be finite"); });
   return *scale;
 }
 
 void validate_heads(const char* where, std::size_t num_heads, std::size_t num_kv_heads, std::size_t head_dim) {
-  const std::string prefix = std::string(where) + ": ";
-  require(num_heads > 0, prefix + "num_heads must be positive");
-  require(num_kv_heads > 0, prefix + "num_kv_heads must be positive");
-  require(head_dim > 0, prefix + "head_dim must be positive");
-  require(num_heads % num_kv_heads == 0, prefix + "num_heads (" + std::to_string(num_heads) +
-                                             ") is not a multiple of num_kv_heads (" +
-                                             std::to_string(num_kv_heads) + ")");
+  auto message = [&](const std::string& problem) { return std::string(where) + ": " + problem; };
+  engine::require(num_heads > 0, [&] { return message("num_heads must be positive"); });
+  engine::require(num_kv_heads > 0, [&] { return message("num_kv_heads must be positive"); });
+  engine::require(head_dim > 0, [&] { return message("head_dim must be positive"); });
+  engine::require(num_heads % num_kv_heads == 0, [&] {
+    return message("num_heads (" + std::to_string(num_heads) + ") is not a multiple of num_kv_heads (" +
+                   std::to_string(num_kv_heads) + ")");
+  });
 }
 
 }  // namespace
@@ -41,25 +39,22 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
                                   head_tensor<float> out, const attention_options& options) {
   validate_heads("scaled_dot_product_attention", dims.num_heads, dims.num_kv_heads, dims.head_dim);
   const bool empty_queries = dims.batch == 0 || dims.q_len == 0;
-  require(empty_queries || (q.data != nullptr && out.data != nullptr),
-          "scaled_dot_product_attention: q or out is null");
-  require(empty_queries || dims.kv_len == 0 || (k.data != nullptr && v.data != nullptr),
-          "scaled_dot_product_attention: k or v is null");
+  engine::require(empty_queries || (q.data != nullptr && out.data != nullptr), [&] { return std::string("scaled_dot_product_attention: q or out is null"); });
+  engine::require(empty_queries || dims.kv_len == 0 || (k.data != nullptr && v.data != nullptr), [&] { return std::string("scaled_dot_product_attention: k or v is null"); });
   std::size_t q_offset = 0;
   if (options.q_offset) {
     q_offset = *options.q_offset;
   } else {
-    require(!options.causal || dims.q_len <= dims.kv_len,
-            "scaled_dot_product_attention: causal with q_len (" + std::to_string(dims.q_len) +
-                ") > kv_len (" + std::to_string(dims.kv_len) + ") needs an explicit q_offset");
+    engine::require(!options.causal || dims.q_len <= dims.kv_len, [&] { return "scaled_dot_product_attention: causal with q_len (" + std::to_string(dims.q_len) +
+                ") > kv_len (" + std::to_string(dims.kv_len) + ") needs an explicit q_offset"; });
     q_offset = dims.q_len <= dims.kv_len ? dims.kv_len - dims.q_len : 0;
   }
   if (options.valid_len != nullptr)
     for (std::size_t b = 0; b < dims.batch; ++b)
-      require(options.valid_len[b] <= dims.kv_len, "scaled_dot_product_attention: valid_len[" +
+      engine::require(options.valid_len[b] <= dims.kv_len, [&] { return "scaled_dot_product_attention: valid_len[" +
                                                         std::to_string(b) + "] (" +
                                                         std::to_string(options.valid_len[b]) +
-                                                        ") exceeds kv_len (" + std::to_string(dims.kv_len) + ")");
+                                                        ") exceeds kv_len (" + std::to_string(dims.kv_len) + ")"; });
   if (empty_queries) return;
 
   const engine::attention_problem problem{dims,
@@ -82,18 +77,16 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
 namespace {
 
 const float* non_null(const char* name, const float* weight) {
-  require(weight != nullptr, std::string("attention_layer: ") + name + " weight is null");
+  engine::require(weight != nullptr, [&] { return std::string("attention_layer: ") + name + " weight is null"; });
   return weight;
 }
 
 attention_config validated(attention_config config) {
   if (config.num_kv_heads == 0) config.num_kv_heads = config.num_heads;
   validate_heads("attention_layer", config.num_heads, config.num_kv_heads, config.head_dim);
-  require(config.d_model > 0, "attention_layer: d_model must be positive");
-  require(std::isfinite(config.rope_theta) && config.rope_theta >= 0.0,
-          "attention_layer: rope_theta must be 0 (no RoPE) or positive");
-  require(config.rope_theta == 0.0 || config.head_dim % 2 == 0,
-          "attention_layer: RoPE needs an even head_dim, got " + std::to_string(config.head_dim));
+  engine::require(config.d_model > 0, [&] { return std::string("attention_layer: d_model must be positive"); });
+  engine::require(std::isfinite(config.rope_theta) && config.rope_theta >= 0.0, [&] { return std::string("attention_layer: rope_theta must be 0 (no RoPE) or positive"); });
+  engine::require(config.rope_theta == 0.0 || config.head_dim % 2 == 0, [&] { return "attention_layer: RoPE needs an even head_dim, got " + std::to_string(config.head_dim); });
   config.scale = resolve_scale(config.scale, config.head_dim);
   return config;
 }
@@ -122,7 +115,8 @@ attention_layer::impl::impl(const attention_config& checked, const attention_wei
       q_proj("q_proj", weights.q_proj, checked.d_model, checked.num_heads * checked.head_dim),
       k_proj("k_proj", weights.k_proj, checked.d_model, checked.num_kv_heads * checked.head_dim),
       v_proj("v_proj", weights.v_proj, checked.d_model, checked.num_kv_heads * checked.head_dim),
-      o_proj("o_proj", weights.o_proj, checked.num_heads * checked.head_dim, checked.d_model) {}
+      o_proj("o_proj", weights.o_proj, checked.num_heads * checked.head_dim, checked.d_model),
+      rotary(checked.head_dim, checked.rope_theta) {}
 
 void attention_layer::impl::project(const float* x, std::size_t rows, const std::size_t* positions, float* q,
                                     float* k, float* v) const {
@@ -131,13 +125,9 @@ void attention_layer::impl::project(const float* x, std::size_t rows, const std:
   k_proj.apply(x, rows, k);
   v_proj.apply(x, rows, v);
   if (config.rope_theta == 0.0) return;
-  // One table over the positions present; each row then rotates at its own.
-  const std::size_t first = *std::min_element(positions, positions + rows);
-  const std::size_t last = *std::max_element(positions, positions + rows);
-  const engine::rope_table rope(head_dim, config.rope_theta, first, last - first + 1);
   for (std::size_t row = 0; row < rows; ++row) {
-    rope.apply(q + row * heads * head_dim, heads, head_dim, positions[row] - first);
-    rope.apply(k + row * kv_heads * head_dim, kv_heads, head_dim, positions[row] - first);
+    rotary.apply(q + row * heads * head_dim, heads, head_dim, positions[row]);
+    rotary.apply(k + row * kv_heads * head_dim, kv_heads, head_dim, positions[row]);
   }
 }
 
@@ -153,7 +143,7 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
   const attention_config& config = impl_->config;
   const std::size_t rows = batch * seq;
   if (rows == 0) return;
-  require(x != nullptr && y != nullptr, "attention_layer::forward: x or y is null");
+  engine::require(x != nullptr && y != nullptr, [&] { return std::string("attention_layer::forward: x or y is null"); });
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
   // 1-2. Projections, q [rows, H d], k and v [rows, G d] (layout [batch, seq,
   // heads, d]), and RoPE at positions 0..seq-1 of each sequence.

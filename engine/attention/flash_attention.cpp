@@ -208,55 +208,65 @@ void process_chunks(const attention_tile& tile, const kv_chunk_source& source, s
 
 }  // namespace
 
-std::vector<work_unit> tile_work_units(const std::vector<attention_tile>& tiles) {
-  std::vector<work_unit> units;
+void tile_work_units(const std::vector<attention_tile>& tiles, std::vector<work_unit>& units) {
+  units.clear();
   for (const attention_tile& tile : tiles) {
     double cost = 0.0;  // multiply-adds of q kᵀ and p v over the visible keys
     for (std::size_t i = 0; i < tile.positions; ++i)
       cost += 2.0 * double(tile.group * tile.head_dim) * double(tile.visible_end(tile.position0 + i));
     units.push_back({tile_chunks(tile), cost});
   }
-  return units;
 }
 
-void run_tiles(const std::vector<attention_tile>& tiles,
-               const std::function<const kv_chunk_source&(std::size_t)>& source_of) {
-  const std::vector<work_unit> units = tile_work_units(tiles);
-  const work_plan plan =
-      plan_work(units, static_cast<std::size_t>(tbb::this_task_arena::max_concurrency()));
+namespace {
+
+// run_tiles' bookkeeping, reused across calls on a thread.
+struct run_workspace {
+  std::vector<work_unit> units;
+  work_plan plan;
+  std::vector<std::size_t> offset, split_tiles;
+};
+
+}  // namespace
+
+void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const kv_chunk_source*>& sources) {
+  const reusable<run_workspace> work;
+  tile_work_units(tiles, work->units);
+  plan_work(work->units, static_cast<std::size_t>(tbb::this_task_arena::max_concurrency()), work->plan);
+  const work_plan& plan = work->plan;
   // Storage for the per-chunk partials of split tiles.
-  std::vector<std::size_t> offset(tiles.size(), 0);
+  work->offset.assign(tiles.size(), 0);
+  work->split_tiles.clear();
   std::size_t stored_floats = 0;
   for (std::size_t t = 0; t < tiles.size(); ++t)
     if (plan.split[t]) {
-      offset[t] = stored_floats;
-      stored_floats += units[t].chunks * partial_floats(tiles[t]);
+      work->offset[t] = stored_floats;
+      work->split_tiles.push_back(t);
+      stored_floats += work->units[t].chunks * partial_floats(tiles[t]);
     }
   scratch_lease stored(stored_floats);
-  run_tasks(plan, [&](const work_task& task) {
+  run_indices(plan.tasks.size(), [&](std::size_t index) {
+    const work_task& task = plan.tasks[index];
     const attention_tile& tile = tiles[task.unit];
     const gemm_serial_scope serial;  // one task per tile or range already keeps the threads busy
     if (plan.split[task.unit]) {
-      process_chunks(tile, source_of(task.unit), task.chunk_begin, task.chunk_end, nullptr,
-                     stored.data() + offset[task.unit] + task.chunk_begin * partial_floats(tile));
+      process_chunks(tile, *sources[task.unit], task.chunk_begin, task.chunk_end, nullptr,
+                     stored.data() + work->offset[task.unit] + task.chunk_begin * partial_floats(tile));
       return;
     }
     scratch_lease running(partial_floats(tile));
     clear_partial(tile, running.data());
-    process_chunks(tile, source_of(task.unit), 0, units[task.unit].chunks, running.data(), nullptr);
+    process_chunks(tile, *sources[task.unit], 0, work->units[task.unit].chunks, running.data(), nullptr);
     write_output(tile, running.data());
   });
   // Split tiles: merge the stored partials left to right, then normalize.
-  std::vector<std::size_t> split_tiles;
-  for (std::size_t t = 0; t < tiles.size(); ++t)
-    if (plan.split[t]) split_tiles.push_back(t);
-  run_indices(split_tiles.size(), [&](std::size_t index) {
-    const attention_tile& tile = tiles[split_tiles[index]];
-    scratch_lease running(partial_floats(tile));
-    clear_partial(tile, running.data());
-    for (std::size_t chunk = 0; chunk < units[split_tiles[index]].chunks; ++chunk)
-      merge_into(tile, chunk, running.data(), stored.data() + offset[split_tiles[index]] + chunk * partial_floats(tile));
-    write_output(tile, running.data());
+  run_indices(work->split_tiles.size(), [&](std::size_t index) {
+    const std::size_t t = work->split_tiles[index];
+    scratch_lease running(partial_floats(tiles[t]));
+    clear_partial(tiles[t], running.data());
+    for (std::size_t chunk = 0; chunk < work->units[t].chunks; ++chunk)
+      merge_into(tiles[t], chunk, running.data(), stored.data() + work->offset[t] + chunk * partial_floats(tiles[t]));
+    write_output(tiles[t], running.data());
   });
 }
 
@@ -265,7 +275,7 @@ void flash_attention(const attention_problem& problem) {
   const std::size_t group = dims.num_heads / dims.num_kv_heads;
   const std::size_t positions = tile_positions(group);
   std::vector<attention_tile> tiles;
-  std::vector<std::size_t> source_index;
+  std::vector<std::size_t> source_index;  // per tile: its (batch, kv head)
   for (std::size_t batch = 0; batch < dims.batch; ++batch)
     for (std::size_t kv_head = 0; kv_head < dims.num_kv_heads; ++kv_head)
       for (std::size_t position0 = 0; position0 < dims.q_len; position0 += positions) {
@@ -287,7 +297,9 @@ void flash_attention(const attention_problem& problem) {
                                                         index % dims.num_kv_heads, keys_seen[index]);
   });
   // 2-4. Every tile, as the scheduler cuts them.
-  run_tiles(tiles, [&](std::size_t t) -> const kv_chunk_source& { return *sources[source_index[t]]; });
+  std::vector<const kv_chunk_source*> tile_sources;
+  for (std::size_t index : source_index) tile_sources.push_back(sources[index].get());
+  run_tiles(tiles, tile_sources);
 }
 
 void attention_probabilities(const attention_problem& problem, float* probabilities) {

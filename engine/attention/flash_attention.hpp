@@ -26,7 +26,6 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <vector>
 
 #include "engine/gemm/gemm.hpp"
@@ -89,15 +88,14 @@ std::size_t tile_positions(std::size_t group);
 
 /// The scheduler's view of tiles: per tile, its key chunks and the
 /// multiply-adds of q kᵀ and p v over its visible keys.
-std::vector<work_unit> tile_work_units(const std::vector<attention_tile>& tiles);
+void tile_work_units(const std::vector<attention_tile>& tiles, std::vector<work_unit>& units);
 
 /// Runs every tile in parallel as the scheduler plans them
 /// (engine/scheduler/split_schedule.hpp): long key ranges are split across
 /// tasks, their chunk partials merged afterwards in chunk order, so the bits
-/// are the same whatever the thread count. source_of(t) is tile
-/// t's chunk source.
-void run_tiles(const std::vector<attention_tile>& tiles,
-               const std::function<const kv_chunk_source&(std::size_t)>& source_of);
+/// are the same whatever the thread count. sources[t] is tile t's chunk
+/// source. Steady-state calls allocate nothing (per-thread reused storage).
+void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const kv_chunk_source*>& sources);
 
 /// A validated attention problem over user tensors (validated at the public
 /// boundary).

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "engine/attention/rope.hpp"
 #include "engine/gemm/gemm.hpp"
 #include "kvhead/attention.hpp"
 
@@ -28,6 +29,7 @@ class linear {
 struct attention_layer::impl {
   attention_config config;  // validated, scale resolved
   engine::linear q_proj, k_proj, v_proj, o_proj;
+  engine::rope rotary;
 
   impl(const attention_config& checked, const attention_weights& weights);
 

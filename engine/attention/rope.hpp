@@ -12,18 +12,17 @@
 
 namespace kvhead::engine {
 
-class rope_table {
+class rope {
  public:
-  /// Angles for positions [first_position, first_position + count).
-  rope_table(std::size_t head_dim, double theta, std::size_t first_position, std::size_t count);
+  /// theta = 0: no rotation.
+  rope(std::size_t head_dim, double theta);
 
-  /// Rotates `heads` rows of head_dim floats, rows head_stride apart, all at
-  /// position first_position + index.
-  void apply(float* x, std::size_t heads, std::size_t head_stride, std::size_t index) const;
+  /// Rotates `heads` rows of head_dim floats, head_stride apart, all at
+  /// absolute position `position` (cos and sin computed once for them).
+  void apply(float* x, std::size_t heads, std::size_t head_stride, std::size_t position) const;
 
  private:
-  std::size_t half_;
-  std::vector<float> cos_, sin_;  // [count][half]
+  std::vector<double> inv_freq_;  // theta^(-2i/d), i < d/2
 };
 
 }  // namespace kvhead::engine

@@ -10,13 +10,13 @@
 // read in place; smaller blocks are copied into one chunk first.
 #include <algorithm>
 #include <cstring>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <tbb/parallel_for.h>
 
+#include "engine/arch/require.hpp"
 #include "engine/arch/scratch.hpp"
 #include "engine/attention/flash_attention.hpp"
 #include "engine/attention/layer_impl.hpp"
@@ -106,9 +106,18 @@ void write_token(float* key_region, float* value_region, const gemm_config& conf
     value_region[pack_b_offset(config, block_size, head_dim, slot, e)] = e < head_dim ? v[e] : 0.0f;
 }
 
-void require(bool condition, const std::string& message) {
-  if (!condition) throw std::invalid_argument("attention_layer::forward (cache): " + message);
-}
+// The forward's bookkeeping, reused across calls on a thread.
+struct forward_workspace {
+  std::vector<sequence_id> ids;
+  std::vector<cached_rows> entries;
+  std::vector<std::size_t> positions;
+};
+
+struct attention_workspace {
+  std::vector<attention_tile> tiles;
+  std::vector<cache_kv_source> sources;
+  std::vector<const kv_chunk_source*> tile_sources;
+};
 
 }  // namespace
 
@@ -137,20 +146,23 @@ void cached_attention(const kv_cache& cache, std::size_t layer, const std::vecto
   const std::size_t group = num_heads / kv_heads;
   const std::size_t tile_rows = tile_positions(group);
   const std::size_t row_stride = num_heads * head_dim;
-  std::vector<attention_tile> tiles;
-  std::vector<cache_kv_source> sources;
-  std::vector<std::size_t> source_index;
+  const reusable<attention_workspace> work;
+  std::vector<attention_tile>& tiles = work->tiles;
+  tiles.clear();
+  work->sources.clear();
+  work->sources.reserve(batch.size() * kv_heads);  // tiles point into it: no reallocation below
+  work->tile_sources.clear();
   for (const cached_rows& e : batch)
     for (std::size_t kv_head = 0; kv_head < kv_heads; ++kv_head) {
-      sources.emplace_back(cache, e.table, e.length, layer, kv_head, path);
+      const cache_kv_source& source = work->sources.emplace_back(cache, e.table, e.length, layer, kv_head, path);
       for (std::size_t p = 0; p < e.length - e.past; p += tile_rows) {
         tiles.push_back({q + e.row0 * row_stride, head_dim, row_stride, out + e.row0 * row_stride, head_dim,
                          row_stride, kv_head, group, head_dim, p, std::min(tile_rows, e.length - e.past - p), e.past,
                          e.length, true, nullptr, 0, scale, path});
-        source_index.push_back(sources.size() - 1);
+        work->tile_sources.push_back(&source);
       }
     }
-  run_tiles(tiles, [&](std::size_t t) -> const kv_chunk_source& { return sources[source_index[t]]; });
+  run_tiles(tiles, work->tile_sources);
 }
 
 }  // namespace engine
@@ -160,38 +172,49 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
   using namespace engine;
   const attention_config& config = impl_->config;
   const kv_cache_config& geometry = cache.config();
-  require(geometry.num_kv_heads == config.num_kv_heads && geometry.head_dim == config.head_dim,
-          "the cache holds " + std::to_string(geometry.num_kv_heads) + " kv heads of dim " +
-              std::to_string(geometry.head_dim) + ", the layer " + std::to_string(config.num_kv_heads) + " of dim " +
-              std::to_string(config.head_dim));
-  require(layer < geometry.num_layers, "layer " + std::to_string(layer) + " is out of range (the cache has " +
-                                           std::to_string(geometry.num_layers) + ")");
-  std::vector<cached_rows> entries;
-  std::set<sequence_id> seen;
+  const char* const where = "attention_layer::forward (cache): ";
+  require(geometry.num_kv_heads == config.num_kv_heads && geometry.head_dim == config.head_dim, [&] {
+    return where + ("the cache holds " + std::to_string(geometry.num_kv_heads) + " kv heads of dim " +
+                    std::to_string(geometry.head_dim) + ", the layer " + std::to_string(config.num_kv_heads) +
+                    " of dim " + std::to_string(config.head_dim));
+  });
+  require(layer < geometry.num_layers, [&] {
+    return where + ("layer " + std::to_string(layer) + " is out of range (the cache has " +
+                    std::to_string(geometry.num_layers) + ")");
+  });
+  const reusable<forward_workspace> work;
+  work->ids.clear();
+  for (const sequence_tokens& item : batch) work->ids.push_back(item.sequence);
+  std::sort(work->ids.begin(), work->ids.end());
+  const auto repeated = std::adjacent_find(work->ids.begin(), work->ids.end());
+  require(repeated == work->ids.end(),
+          [&] { return where + ("sequence " + std::to_string(*repeated) + " is listed twice"); });
+  std::vector<cached_rows>& entries = work->entries;
+  entries.clear();
   std::size_t rows = 0;
   for (const sequence_tokens& item : batch) {
-    require(seen.insert(item.sequence).second, "sequence " + std::to_string(item.sequence) + " is listed twice");
     std::size_t count = 0;
     const std::uint32_t* table = kv_cache_internals::block_table(cache, item.sequence, &count);
     const std::size_t length = cache.length(item.sequence);
-    require(item.tokens > 0 && item.tokens <= length,
-            "sequence " + std::to_string(item.sequence) + ": " + std::to_string(item.tokens) +
-                " new tokens, but it has " + std::to_string(length) + " (append them first)");
+    require(item.tokens > 0 && item.tokens <= length, [&] {
+      return where + ("sequence " + std::to_string(item.sequence) + ": " + std::to_string(item.tokens) +
+                      " new tokens, but it has " + std::to_string(length) + " (append them first)");
+    });
     entries.push_back({table, length, length - item.tokens, rows});
     rows += item.tokens;
   }
   if (rows == 0) return;
-  require(x != nullptr && y != nullptr, "x or y is null");
+  require(x != nullptr && y != nullptr, [&] { return std::string(where) + "x or y is null"; });
 
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
   const simd_path path = active_simd_path();
   // 1-2. Projections and RoPE at each row's absolute position.
-  std::vector<float> q(rows * heads * head_dim), k(rows * kv_heads * head_dim), v(rows * kv_heads * head_dim),
+  scratch_lease q(rows * heads * head_dim), k(rows * kv_heads * head_dim), v(rows * kv_heads * head_dim),
       attended(rows * heads * head_dim);
-  std::vector<std::size_t> positions(rows);
+  work->positions.resize(rows);
   for (const cached_rows& e : entries)
-    for (std::size_t i = 0; i < e.length - e.past; ++i) positions[e.row0 + i] = e.past + i;
-  impl_->project(x, rows, positions.data(), q.data(), k.data(), v.data());
+    for (std::size_t i = 0; i < e.length - e.past; ++i) work->positions[e.row0 + i] = e.past + i;
+  impl_->project(x, rows, work->positions.data(), q.data(), k.data(), v.data());
   // 3. The new K and V into their blocks (each exclusively owned after
   // append, so sequences never race); 4. attention over each whole past.
   write_cached_kv(cache, layer, entries, k.data(), v.data(), path);

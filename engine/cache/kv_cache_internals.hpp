@@ -15,6 +15,9 @@
 // and, for copy-on-write, replace its last entry). Block pointers are valid
 // for the cache's lifetime. Kernels write only the token slots made writable
 // by the last append on the sequence (see "Writing" in kv_cache.hpp).
+//
+// Threads. block_table() takes the cache's lock (like length()); the other
+// functions only compute addresses and take no lock.
 #pragma once
 
 #include <cstddef>

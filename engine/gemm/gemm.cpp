@@ -15,6 +15,7 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include "engine/arch/require.hpp"
 #include "engine/arch/scratch.hpp"
 #include "engine/gemm/pack.hpp"
 
@@ -26,24 +27,20 @@ std::size_t round_up(std::size_t value, std::size_t multiple) {
 }
 std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
 
-void require(bool condition, const std::string& message) {
-  if (!condition) throw std::invalid_argument("gemm: " + message);
-}
-
 void validate_operand(const char* name, gemm_operand operand, std::size_t rows, std::size_t cols) {
   // op(X) is rows x cols; X in memory is that or its transpose, row-major.
   if (rows == 0 || cols == 0) return;
-  require(operand.data != nullptr, std::string(name) + " is null");
+  engine::require(operand.data != nullptr, [&] { return std::string("gemm: ") + std::string(name) + " is null"; });
   const std::size_t row_length = operand.trans == transpose::no ? cols : rows;
-  require(operand.ld >= row_length, std::string("leading dimension of ") + name + " (" +
+  engine::require(operand.ld >= row_length, [&] { return std::string("gemm: leading dimension of ") + name + " (" +
                                         std::to_string(operand.ld) + ") is smaller than its row length (" +
-                                        std::to_string(row_length) + ")");
+                                        std::to_string(row_length) + ")"; });
 }
 
 void validate_c(const float* c, std::size_t ldc, std::size_t m, std::size_t n) {
   if (m == 0 || n == 0) return;
-  require(c != nullptr, "C is null");
-  require(ldc >= n, "ldc (" + std::to_string(ldc) + ") is smaller than n (" + std::to_string(n) + ")");
+  engine::require(c != nullptr, [&] { return std::string("gemm: C is null"); });
+  engine::require(ldc >= n, [&] { return std::string("gemm: ldc (") + std::to_string(ldc) + ") is smaller than n (" + std::to_string(n) + ")"; });
 }
 
 std::size_t& serial_depth() {
@@ -252,9 +249,8 @@ packed_b::packed_b(std::size_t k, std::size_t n, gemm_operand b, simd_path path)
 
 void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c,
           std::size_t ldc) {
-  require(shape.k <= b.k && shape.n <= b.n,
-          "the block " + std::to_string(shape.k) + " x " + std::to_string(shape.n) + " exceeds the packed B (" +
-              std::to_string(b.k) + " x " + std::to_string(b.n) + ")");
+  engine::require(shape.k <= b.k && shape.n <= b.n, [&] { return std::string("gemm: the block ") + std::to_string(shape.k) + " x " + std::to_string(shape.n) + " exceeds the packed B (" +
+              std::to_string(b.k) + " x " + std::to_string(b.n) + ")"; });
   validate_operand("A", a, shape.m, shape.k);
   validate_c(c, ldc, shape.m, shape.n);
   const gemm_config config = gemm_config_for(b.path);

@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-#include <tbb/partitioner.h>
 
 namespace kvhead::engine {
 
@@ -14,9 +11,10 @@ double work_plan::largest_share() const {
   return tasks.front().cost / total_cost;
 }
 
-work_plan plan_work(const std::vector<work_unit>& units, std::size_t threads) {
-  work_plan plan;
+void plan_work(const std::vector<work_unit>& units, std::size_t threads, work_plan& plan) {
+  plan.tasks.clear();
   plan.split.assign(units.size(), false);
+  plan.total_cost = 0.0;
   for (const work_unit& unit : units) plan.total_cost += unit.cost;
   // Four pieces per worker leave room for stealing to even out what the
   // estimate gets wrong.
@@ -32,22 +30,13 @@ work_plan plan_work(const std::vector<work_unit>& units, std::size_t threads) {
       plan.tasks.push_back({index, begin, end, unit.chunks == 0 ? 0.0 : unit.cost * double(end - begin) / double(unit.chunks)});
     }
   }
-  std::stable_sort(plan.tasks.begin(), plan.tasks.end(),
-                   [](const work_task& a, const work_task& b) { return a.cost > b.cost; });
-  return plan;
-}
-
-void run_tasks(const work_plan& plan, const std::function<void(const work_task&)>& body) {
-  run_indices(plan.tasks.size(), [&](std::size_t index) { body(plan.tasks[index]); });
-}
-
-void run_indices(std::size_t count, const std::function<void(std::size_t)>& body) {
-  // One index per task, in order: the largest tasks start first.
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, count, 1),
-                    [&](const tbb::blocked_range<std::size_t>& range) {
-                      for (std::size_t index = range.begin(); index != range.end(); ++index) body(index);
-                    },
-                    tbb::simple_partitioner());
+  // Largest first; ties keep their order (std::sort with an index tie-break:
+  // stable_sort may allocate).
+  std::sort(plan.tasks.begin(), plan.tasks.end(), [](const work_task& a, const work_task& b) {
+    if (a.cost != b.cost) return a.cost > b.cost;
+    if (a.unit != b.unit) return a.unit < b.unit;
+    return a.chunk_begin < b.chunk_begin;
+  });
 }
 
 }  // namespace kvhead::engine

@@ -18,8 +18,11 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <vector>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
 
 namespace kvhead::engine {
 
@@ -44,13 +47,20 @@ struct work_plan {
 /// Plans `units` for `threads` workers: a unit larger than total / (4 *
 /// threads) is split into that many near-equal chunk ranges (at most one per
 /// chunk), so the largest task stays a small share of the call and work
-/// stealing keeps every worker busy; tasks are ordered largest first.
-work_plan plan_work(const std::vector<work_unit>& units, std::size_t threads);
+/// stealing keeps every worker busy; tasks are ordered largest first. Fills
+/// `plan`, reusing its storage.
+void plan_work(const std::vector<work_unit>& units, std::size_t threads, work_plan& plan);
 
-/// Runs every task of `plan` in parallel on the current task arena.
-void run_tasks(const work_plan& plan, const std::function<void(const work_task&)>& body);
-
-/// Runs body(i) for i in [0, count) in parallel on the current task arena.
-void run_indices(std::size_t count, const std::function<void(std::size_t)>& body);
+/// Runs body(i) for i in [0, count) in parallel on the current task arena,
+/// one index per task, in order (so the largest tasks of a plan start first).
+template <class Body>
+void run_indices(std::size_t count, const Body& body) {
+  tbb::parallel_for(
+      tbb::blocked_range<std::size_t>(0, count, 1),
+      [&](const tbb::blocked_range<std::size_t>& range) {
+        for (std::size_t index = range.begin(); index != range.end(); ++index) body(index);
+      },
+      tbb::simple_partitioner());
+}
 
 }  // namespace kvhead::engine
