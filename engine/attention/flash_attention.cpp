@@ -199,7 +199,6 @@ void process_chunks(const attention_tile& tile, const kv_chunk_source& source, s
                     float* running, float* stored) {
   tile_scratch scratch(tile, source);
   for (std::size_t chunk = begin; chunk < end; ++chunk) {
-    if (chunk + 1 < end) source.prefetch(chunk + 1);
     float* partial = stored != nullptr ? stored + (chunk - begin) * partial_floats(tile) : scratch.partial.data();
     chunk_partial(tile, source, chunk, scratch, partial);
     if (stored == nullptr) merge_into(tile, chunk, running, partial);

@@ -57,9 +57,6 @@ class kv_chunk_source {
   /// it in `scratch`, assembly_floats() floats owned by the calling task.
   virtual kv_chunk_view chunk(std::size_t index, float* scratch) const = 0;
   virtual std::size_t assembly_floats() const { return 0; }
-  /// A hint that chunk `index` comes next (sources that read memory in place
-  /// start fetching it into L2).
-  virtual void prefetch(std::size_t index) const { (void)index; }
 };
 
 /// One unit of work: query rows [position0, position0 + positions) of the R

@@ -47,15 +47,6 @@ class cache_kv_source final : public kv_chunk_source {
                                              packed_b_floats(config_, kv_chunk, head_dim_);
   }
 
-  void prefetch(std::size_t index) const override {
-    if (block_size_ != kv_chunk) return;  // assembled chunks are copied, not streamed
-    const float* block = kv_cache_internals::block_data(cache_, table_[index]);
-    const std::size_t bytes = kv_cache_internals::region_floats(cache_) * sizeof(float);
-    for (const float* region : {block + key_offset_, block + value_offset_})
-      for (std::size_t offset = 0; offset < bytes; offset += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(region) + offset, 0, 2);
-  }
-
   kv_chunk_view chunk(std::size_t index, float* scratch) const override {
     const std::size_t blocks_per_chunk = kv_chunk / block_size_;
     if (blocks_per_chunk == 1) {
@@ -96,14 +87,21 @@ class cache_kv_source final : public kv_chunk_source {
 };
 
 // Writes one token's k and v (head_dim floats each) into slot `slot` of a
-// block's region pair, V padding lanes zeroed.
+// block's region pair, V padding lanes zeroed. Kᵀ: the token is column
+// `slot`, one float every NR within each KC block; V: row `slot`, NR
+// consecutive floats per panel.
 void write_token(float* key_region, float* value_region, const gemm_config& config, std::size_t block_size,
                  std::size_t head_dim, std::size_t slot, const float* k, const float* v) {
-  for (std::size_t e = 0; e < head_dim; ++e)
-    key_region[pack_b_offset(config, head_dim, block_size, e, slot)] = k[e];
-  const std::size_t padded = (head_dim + config.nr - 1) / config.nr * config.nr;
-  for (std::size_t e = 0; e < padded; ++e)
-    value_region[pack_b_offset(config, block_size, head_dim, slot, e)] = e < head_dim ? v[e] : 0.0f;
+  for (std::size_t k0 = 0; k0 < head_dim; k0 += config.kc) {
+    float* column = key_region + pack_b_offset(config, head_dim, block_size, k0, slot);
+    for (std::size_t e = k0; e < std::min(head_dim, k0 + config.kc); ++e) column[(e - k0) * config.nr] = k[e];
+  }
+  for (std::size_t col = 0; col < head_dim; col += config.nr) {
+    float* row = value_region + pack_b_offset(config, block_size, head_dim, slot, col);
+    const std::size_t lanes = std::min(config.nr, head_dim - col);
+    std::copy(v + col, v + col + lanes, row);
+    std::fill(row + lanes, row + config.nr, 0.0f);
+  }
 }
 
 // The forward's bookkeeping, reused across calls on a thread.
