@@ -23,6 +23,7 @@ using kvhead::engine::cached_rows;
 struct decode_setup {
   std::size_t heads, kv_heads, head_dim;
   std::vector<std::size_t> pasts;  // one sequence each
+  std::size_t block_size = 0;      // 0: the cache's default
 };
 
 // A cache holding every sequence's past + 1 tokens of random K/V.
@@ -35,6 +36,7 @@ struct filled_cache {
           kvhead::kv_cache_config config;
           config.num_kv_heads = setup.kv_heads;
           config.head_dim = setup.head_dim;
+          config.block_size = setup.block_size;
           std::size_t tokens = 0;
           for (std::size_t past : setup.pasts) tokens += past + 1 + kvhead::kv_cache_default_block_size;
           config.capacity_bytes = tokens * 2 * setup.kv_heads * ((setup.head_dim + 31) / 32 * 32) * sizeof(float);
@@ -77,7 +79,7 @@ void run_decode(benchmark::State& state, const decode_setup& setup, std::size_t 
   const auto q = kvhead::bench::random_floats(per_call * setup.heads * setup.head_dim, 7);
   std::vector<float> out(q.size());
   const float scale = 1.0f / std::sqrt(float(setup.head_dim));
-  tbb::task_arena arena(int(state.range(0)));
+  tbb::task_arena arena(int(state.range(setup.block_size == 0 ? 0 : 1)));  // the threads argument
   std::size_t next = 0;
   for (auto _ : state) {
     arena.execute([&] {
@@ -100,8 +102,16 @@ void s5_decode_ragged16(benchmark::State& state) {
   run_decode(state, {32, 8, 128, pasts}, 16);
 }
 
+// S1's shape over caches of each block size (256 blocks are read in place,
+// smaller ones are copied into one 256-key chunk first).
+void decode_block_size(benchmark::State& state) {
+  run_decode(state, {32, 8, 128, std::vector<std::size_t>(5, 4096), std::size_t(state.range(0))}, 1);
+}
+
 }  // namespace
 
+BENCHMARK(decode_block_size)->Name("decode_block_size")->ArgNames({"block", "threads"})
+    ->Args({32, 1})->Args({64, 1})->Args({128, 1})->Args({256, 1})->UseRealTime();
 BENCHMARK(s1_decode_gqa)->Name("S1_decode_gqa")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(s4_decode_mqa)->Name("S4_decode_mqa")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(s5_decode_ragged16)->Name("S5_decode_ragged16")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
