@@ -30,9 +30,9 @@
 // references; a block returns to the pool when its count reaches 0.
 //
 // Writing. After append(s, n) took s from length L to L + n, the kernels may
-// write token slots [L, L + n) of s (through engine/cache/kv_cache_internals.hpp),
-// until the next call that names s: fork(s) shares those blocks, so write
-// before forking. Token slots below L are read-only.
+// write token slots [L, L + n) of s (through engine/cache/kv_cache_internals.hpp)
+// until the next append, truncate, free or fork of s (a fork shares those
+// blocks: write before forking). Token slots below L are read-only.
 //
 // Errors. Every misuse (unknown or freed id, append of 0 tokens, a length that
 // would overflow std::size_t, truncate beyond the length, out of capacity)
@@ -43,12 +43,14 @@
 // pool, the sequence table) throws std::bad_alloc, also with no effect.
 //
 // Allocation. Besides the pool, the cache allocates when a sequence is created
-// or forked (one table entry) and when a sequence's block table outgrows its
+// (its entry in the sequence table), when one is forked (the entry and a copy
+// of the block table), and when a sequence's block table outgrows its
 // capacity: tables grow geometrically (doubling, at least 8 entries, capped at
 // total_blocks(), the most a sequence can hold) and never shrink, so a
-// sequence allocates O(log blocks) times over its life. append() of tokens
-// that fit the capacity already reserved, truncate(), length(),
-// blocks_used() and the counters never allocate.
+// sequence allocates O(log blocks) times over its life. append() within the
+// table capacity already reserved (whether or not it takes new blocks from the
+// pool or copies one), truncate(), free(), length(), blocks_used() and the
+// counters never allocate.
 //
 // Threads. Calls on distinct sequences of one cache may run concurrently from
 // any threads: the sequence table, the reference counts and the free list are
@@ -73,7 +75,11 @@ namespace engine {
 struct kv_cache_internals;
 }
 
-/// Tokens per block when kv_cache_config::block_size is 0.
+/// Tokens per block when kv_cache_config::block_size is 0. Chosen by
+/// benchmark (`decode_block_size` in kvhead_bench, S1's shape): a 256-token
+/// block is exactly one attention chunk and is read in place, while 32-128
+/// token blocks are copied into a chunk first and decode 1.5x slower. Smaller
+/// blocks waste less memory on short or forked sequences.
 inline constexpr std::size_t kv_cache_default_block_size = 256;
 
 struct kv_cache_config {
