@@ -26,8 +26,9 @@ void pack_panels(strided_view view, std::size_t outer0, std::size_t count, std::
       for (std::size_t panel = 0; panel < panels; ++panel) {
         const std::size_t lanes = std::min(width, count - panel * width);
         float* target = packed + panel * panel_floats + k * width;
-        std::copy(source + panel * width, source + panel * width + lanes, target);
-        std::fill(target + lanes, target + width, 0.0f);
+        const float* row = source + panel * width;
+        // A plain loop, not std::copy: a memmove call per NR floats costs more than the copy.
+        for (std::size_t lane = 0; lane < width; ++lane) target[lane] = lane < lanes ? row[lane] : 0.0f;
       }
     }
     return;
