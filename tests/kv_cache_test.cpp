@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -613,6 +614,44 @@ TEST_CASE("kv_cache: move-only; a moved cache keeps its sequences") {
   third.append(id, 1);
   CHECK(third.free_blocks() == 2);
   CHECK(third.create() == id + 1);
+}
+
+// One thread's copy-on-write must be ordered before the other holder's
+// in-place write of the source block. The child's thread signals through a
+// relaxed atomic, which orders nothing for ThreadSanitizer: only the cache's
+// own lock can make the copy happen before the parent's write. A cache that
+// dropped its reference before copying gets a race report here (checked).
+TEST_CASE("kv_cache: concurrent copy-on-write is ordered before the last holder writes in place") {
+  for (int round = 0; round < 8; ++round) {
+    CAPTURE(round);
+    kv_cache cache(small_config(32, 4));
+    const sequence_id parent = cache.create();
+    cache.append(parent, 40);
+    write_tokens(cache, parent, 0, 40, 1);
+    const sequence_id child = cache.fork(parent);
+    std::atomic<bool> copied{false}, written{false};
+    std::thread child_thread([&] {
+      cache.append(child, 1);
+      copied.store(true, std::memory_order_relaxed);
+      // No other call (hence no lock) until the parent has written.
+      while (!written.load(std::memory_order_relaxed)) std::this_thread::yield();
+      write_tokens(cache, child, 40, 41, 2);
+    });
+    std::thread parent_thread([&] {
+      while (!copied.load(std::memory_order_relaxed)) std::this_thread::yield();
+      cache.append(parent, 1);  // the last block is the parent's alone again: in place
+      write_tokens(cache, parent, 40, 41, 3);
+      written.store(true, std::memory_order_relaxed);
+    });
+    child_thread.join();
+    parent_thread.join();
+    std::vector<unsigned char> tags(40, 1);
+    tags.push_back(3);
+    CHECK(mismatches(cache, parent, tags) == 0);
+    tags.back() = 2;
+    CHECK(mismatches(cache, child, tags) == 0);
+    CHECK(cache.free_blocks() == 1);
+  }
 }
 
 // Threads on distinct sequences. Every thread starts with its own fork of a

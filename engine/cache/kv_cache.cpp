@@ -48,8 +48,6 @@ std::size_t checked_product(std::size_t a, std::size_t b, const char* message) {
   return product;
 }
 
-std::string to_text(std::size_t value) { return std::to_string(value); }
-
 struct pool_delete {
   void operator()(float* pool) const { ::operator delete(pool, std::align_val_t{pool_alignment}); }
 };
@@ -129,8 +127,8 @@ kv_cache::impl::impl(const kv_cache_config& requested) : config(requested) {
   const std::size_t block_size = config.block_size;
   if (block_size < 32 || block_size > 256 || (block_size & (block_size - 1)) != 0)
     throw std::invalid_argument("kv_cache_config.block_size must be 32, 64, 128 or 256 (or 0 for " +
-                                to_text(kv_cache_default_block_size) + "), got " +
-                                to_text(requested.block_size));
+                                std::to_string(kv_cache_default_block_size) + "), got " +
+                                std::to_string(requested.block_size));
 
   const char* too_large =
       "kv_cache_config: num_layers * num_kv_heads * head_dim too large (block_bytes overflows)";
@@ -145,11 +143,11 @@ kv_cache::impl::impl(const kv_cache_config& requested) : config(requested) {
 
   total_blocks = config.capacity_bytes / block_bytes;
   if (total_blocks == 0)
-    throw std::invalid_argument("kv_cache_config.capacity_bytes = " + to_text(config.capacity_bytes) +
-                                " holds no block of " + to_text(block_bytes) + " bytes");
+    throw std::invalid_argument("kv_cache_config.capacity_bytes = " + std::to_string(config.capacity_bytes) +
+                                " holds no block of " + std::to_string(block_bytes) + " bytes");
   if (total_blocks > std::numeric_limits<std::uint32_t>::max())
-    throw std::invalid_argument("kv_cache_config.capacity_bytes = " + to_text(config.capacity_bytes) +
-                                " makes " + to_text(total_blocks) +
+    throw std::invalid_argument("kv_cache_config.capacity_bytes = " + std::to_string(config.capacity_bytes) +
+                                " makes " + std::to_string(total_blocks) +
                                 " blocks, more than the 2^32 - 1 a block table can index");
 
   // Not zeroed: untouched pages stay uncommitted until first written.
@@ -181,18 +179,18 @@ void kv_cache::append(sequence_id id, std::size_t tokens) {
   std::unique_lock lock(cache.mutex);
   impl::sequence& sequence = cache.find(id, "append");
   if (tokens == 0)
-    throw kv_cache_error("kv_cache::append: 0 tokens for sequence " + to_text(id) +
+    throw kv_cache_error("kv_cache::append: 0 tokens for sequence " + std::to_string(id) +
                          " (append at least 1)");
   const std::size_t length = sequence.length;
   if (tokens > std::numeric_limits<std::size_t>::max() - length)
-    throw kv_cache_error("kv_cache::append: sequence " + to_text(id) + " of length " + to_text(length) +
-                         " + " + to_text(tokens) + " tokens overflows the length");
+    throw kv_cache_error("kv_cache::append: sequence " + std::to_string(id) + " of length " + std::to_string(length) +
+                         " + " + std::to_string(tokens) + " tokens overflows the length");
   const std::size_t new_length = length + tokens;
   const std::size_t entries = ceil_div(new_length, block_size);
   if (entries > cache.total_blocks)
-    throw kv_cache_error("kv_cache::append: out of capacity: sequence " + to_text(id) + " of length " +
-                         to_text(length) + " + " + to_text(tokens) + " tokens needs " + to_text(entries) +
-                         " blocks, the cache has " + to_text(cache.total_blocks));
+    throw kv_cache_error("kv_cache::append: out of capacity: sequence " + std::to_string(id) + " of length " +
+                         std::to_string(length) + " + " + std::to_string(tokens) + " tokens needs " + std::to_string(entries) +
+                         " blocks, the cache has " + std::to_string(cache.total_blocks));
 
   // Table room first, outside the lock: the sequence is ours (contract).
   if (sequence.blocks.capacity() < entries) {
@@ -206,11 +204,11 @@ void kv_cache::append(sequence_id id, std::size_t tokens) {
   const bool copy = partial && cache.references[sequence.blocks.back()] > 1;
   const std::size_t wanted = fresh + (copy ? 1 : 0);
   if (wanted > cache.free_list.size())
-    throw kv_cache_error("kv_cache::append: out of capacity: sequence " + to_text(id) + " of length " +
-                         to_text(length) + " + " + to_text(tokens) + " tokens needs " +
-                         to_text(wanted) + " free blocks (" + to_text(fresh) + " new" +
-                         (copy ? " + 1 copy-on-write" : "") + "), " + to_text(cache.free_list.size()) +
-                         " of " + to_text(cache.total_blocks) + " free");
+    throw kv_cache_error("kv_cache::append: out of capacity: sequence " + std::to_string(id) + " of length " +
+                         std::to_string(length) + " + " + std::to_string(tokens) + " tokens needs " +
+                         std::to_string(wanted) + " free blocks (" + std::to_string(fresh) + " new" +
+                         (copy ? " + 1 copy-on-write" : "") + "), " + std::to_string(cache.free_list.size()) +
+                         " of " + std::to_string(cache.total_blocks) + " free");
 
   // Nothing below throws.
   std::uint32_t shared = 0, target = 0;
@@ -255,8 +253,8 @@ void kv_cache::truncate(sequence_id id, std::size_t length) {
   const std::lock_guard lock(cache.mutex);
   impl::sequence& sequence = cache.find(id, "truncate");
   if (length > sequence.length)
-    throw kv_cache_error("kv_cache::truncate: length " + to_text(length) + " exceeds sequence " +
-                         to_text(id) + "'s length " + to_text(sequence.length));
+    throw kv_cache_error("kv_cache::truncate: length " + std::to_string(length) + " exceeds sequence " +
+                         std::to_string(id) + "'s length " + std::to_string(sequence.length));
   const std::size_t entries = ceil_div(length, cache.config.block_size);
   for (std::size_t i = entries; i < sequence.blocks.size(); ++i) cache.release(sequence.blocks[i]);
   sequence.blocks.resize(entries);  // shrinks: keeps the capacity
