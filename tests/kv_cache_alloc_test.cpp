@@ -1,70 +1,15 @@
-// The KV cache allocates nothing per token in steady state: this executable
-// replaces every global operator new/delete with counting versions and checks
-// that, once a sequence's block table has grown (warm-up), appends of single
-// tokens (crossing block boundaries too), copy-on-write appends, truncates
-// and the queries make zero allocations. A separate executable because the
-// replacement is global.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// The KV cache allocates nothing per token in steady state (counted by the
+// operator new of tests/counting_new.cpp): once a sequence's block table has
+// grown (warm-up), appends of single tokens (crossing block boundaries too),
+// copy-on-write appends, truncates and the queries make zero allocations.
 #include <doctest/doctest.h>
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <new>
 
 #include "engine/cache/kv_cache_internals.hpp"
 #include "kvhead/kv_cache.hpp"
-
-namespace {
-
-std::atomic<std::size_t> allocations{0};
-
-void* counted_allocate(std::size_t size, std::size_t alignment) noexcept {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (size == 0) size = 1;
-  if (alignment <= alignof(std::max_align_t)) return std::malloc(size);
-  void* pointer = nullptr;
-  return posix_memalign(&pointer, alignment, size) == 0 ? pointer : nullptr;
-}
-
-void* counted_allocate_or_throw(std::size_t size, std::size_t alignment) {
-  if (void* pointer = counted_allocate(size, alignment)) return pointer;
-  throw std::bad_alloc();
-}
-
-std::size_t align_of(std::align_val_t alignment) { return static_cast<std::size_t>(alignment); }
-
-}  // namespace
-
-void* operator new(std::size_t size) { return counted_allocate_or_throw(size, 0); }
-void* operator new[](std::size_t size) { return counted_allocate_or_throw(size, 0); }
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept { return counted_allocate(size, 0); }
-void* operator new[](std::size_t size, const std::nothrow_t&) noexcept { return counted_allocate(size, 0); }
-void* operator new(std::size_t size, std::align_val_t alignment) {
-  return counted_allocate_or_throw(size, align_of(alignment));
-}
-void* operator new[](std::size_t size, std::align_val_t alignment) {
-  return counted_allocate_or_throw(size, align_of(alignment));
-}
-void* operator new(std::size_t size, std::align_val_t alignment, const std::nothrow_t&) noexcept {
-  return counted_allocate(size, align_of(alignment));
-}
-void* operator new[](std::size_t size, std::align_val_t alignment, const std::nothrow_t&) noexcept {
-  return counted_allocate(size, align_of(alignment));
-}
-void operator delete(void* pointer) noexcept { std::free(pointer); }
-void operator delete[](void* pointer) noexcept { std::free(pointer); }
-void operator delete(void* pointer, std::size_t) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, std::size_t) noexcept { std::free(pointer); }
-void operator delete(void* pointer, const std::nothrow_t&) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, const std::nothrow_t&) noexcept { std::free(pointer); }
-void operator delete(void* pointer, std::align_val_t) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, std::align_val_t) noexcept { std::free(pointer); }
-void operator delete(void* pointer, std::size_t, std::align_val_t) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, std::size_t, std::align_val_t) noexcept { std::free(pointer); }
-void operator delete(void* pointer, std::align_val_t, const std::nothrow_t&) noexcept { std::free(pointer); }
-void operator delete[](void* pointer, std::align_val_t, const std::nothrow_t&) noexcept { std::free(pointer); }
+#include "tests/counting_new.hpp"
 
 namespace {
 
@@ -84,13 +29,13 @@ kv_cache_config config_for(std::size_t block_size, std::size_t blocks) {
 }
 
 TEST_CASE("kv_cache alloc: the counting hook sees the cache's allocations") {
-  const std::size_t start = allocations.load();
+  const std::size_t start = kvhead::testing::allocation_count();
   kv_cache cache(config_for(32, 4));
-  CHECK(allocations.load() > start);  // the impl and the pool
-  const std::size_t created = allocations.load();
+  CHECK(kvhead::testing::allocation_count() > start);  // the impl and the pool
+  const std::size_t created = kvhead::testing::allocation_count();
   const sequence_id id = cache.create();
   cache.append(id, 1);
-  CHECK(allocations.load() > created);  // the sequence entry and its table
+  CHECK(kvhead::testing::allocation_count() > created);  // the sequence entry and its table
 }
 
 TEST_CASE("kv_cache alloc: 1000 single-token appends into reserved capacity allocate nothing") {
@@ -102,7 +47,7 @@ TEST_CASE("kv_cache alloc: 1000 single-token appends into reserved capacity allo
     cache.truncate(id, 1);   // keeps the table's capacity, returns the blocks
 
     std::size_t checksum = 0;
-    const std::size_t before = allocations.load();
+    const std::size_t before = kvhead::testing::allocation_count();
     for (int i = 0; i < 1000; ++i) {
       cache.append(id, 1);  // new blocks come from the pool every block_size tokens
       std::size_t count = 0;
@@ -111,7 +56,7 @@ TEST_CASE("kv_cache alloc: 1000 single-token appends into reserved capacity allo
     }
     cache.truncate(id, 500);
     cache.append(id, 300);
-    const std::size_t during = allocations.load() - before;
+    const std::size_t during = kvhead::testing::allocation_count() - before;
     CHECK(during == 0);
     CHECK(cache.length(id) == 800);
     CHECK(checksum > 0);
@@ -124,12 +69,12 @@ TEST_CASE("kv_cache alloc: a copy-on-write append allocates nothing once the tab
   cache.append(parent, 100);  // last block partial
   const sequence_id child = cache.fork(parent);  // the fork's table: 8 entries reserved
   const std::size_t free_before = cache.free_blocks();
-  const std::size_t before = allocations.load();
+  const std::size_t before = kvhead::testing::allocation_count();
   cache.append(child, 1);   // copies the shared last block
   cache.append(parent, 1);  // exclusive again: in place
   cache.truncate(child, 10);
   cache.free(parent);       // the node is freed; nothing is allocated
-  const std::size_t during = allocations.load() - before;
+  const std::size_t during = kvhead::testing::allocation_count() - before;
   CHECK(during == 0);
   CHECK(cache.free_blocks() == free_before + 4 - 1);
 }

@@ -1,7 +1,8 @@
 // A growable, 64-byte aligned float buffer for packed panels and scratch.
-// Grows only (never shrinks), so a buffer reused across calls stops
-// allocating once it has seen the largest request. Contents are not kept
-// across a grow.
+// Grows only (never shrinks), and by at least half its size when it grows, so
+// a buffer reused across calls stops allocating once it has seen the largest
+// request, and a request that creeps up (a growing sequence) reallocates only
+// O(log) times. Contents are not kept across a grow.
 #pragma once
 
 #include <cstddef>
@@ -20,8 +21,9 @@ class aligned_buffer {
   /// Makes room for at least `count` floats and returns the start.
   float* reserve(std::size_t count) {
     if (count > capacity_) {
-      storage_.reset(new (std::align_val_t{alignment}) float[count]);
-      capacity_ = count;
+      const std::size_t grown = count > capacity_ + capacity_ / 2 ? count : capacity_ + capacity_ / 2;
+      storage_.reset(new (std::align_val_t{alignment}) float[grown]);
+      capacity_ = grown;
     }
     return storage_.get();
   }
