@@ -4,7 +4,9 @@
 #                  npy_compare);
 #   cli.<name>     the error contract and the other behaviour of the command
 #                  (cli_test.cpp, the binary run as a child process) and the
-#                  layer loader (cli_loader_test.cpp).
+#                  layer loader (cli_loader_test.cpp); `kvhead decode`
+#                  (cli_decode_test.cpp: byte-identical to run --causal) and
+#                  `kvhead demo` / `kvhead kernels` (cli_demo_test.cpp).
 
 add_executable(npy_compare npy_compare.cpp)
 target_link_libraries(npy_compare PRIVATE kvhead_internal kvhead_warnings)
@@ -23,7 +25,7 @@ foreach(case_dir IN LISTS golden_case_dirs)
   endif()
 endforeach()
 
-add_executable(kvhead_cli_tests cli_test.cpp cli_loader_test.cpp)
+add_executable(kvhead_cli_tests cli_test.cpp cli_loader_test.cpp cli_decode_test.cpp cli_demo_test.cpp)
 target_link_libraries(kvhead_cli_tests PRIVATE kvhead_internal kvhead_warnings doctest::doctest)
 target_compile_definitions(kvhead_cli_tests PRIVATE
   "KVHEAD_CLI_PATH=\"$<TARGET_FILE:kvhead_cli>\""

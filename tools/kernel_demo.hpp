@@ -1,9 +1,17 @@
-// `kvhead demo` until the decoding demo exists: times the GEMM and prints
-// GFLOP/s for the SIMD path in use.
+// `kvhead kernels`: times the GEMM and prints GFLOP/s for the SIMD path in use
+// (the first kvhead demo, kept next to the decoding demo).
 #pragma once
+
+#include <span>
 
 namespace kvhead::tools {
 
-int run_kernel_demo(int threads);
+/// Runs `kvhead kernels [--threads N]`; returns the exit code, never throws.
+int kernels_command(std::span<const char* const> args);
+
+/// One line for `kvhead --help`.
+inline constexpr const char* kernels_help_text =
+    "usage: kvhead kernels [--threads N]   (N from 1 to 1024; default: the CPU count)\n"
+    "  times sgemm 256^3, 512^3 and 1024^3 and prints GFLOP/s and the SIMD path in use.\n";
 
 }  // namespace kvhead::tools

@@ -1,196 +1,37 @@
-// `kvhead run`: 1. flags, 2. SIMD path (KVHEAD_ISA), 3. output folder,
-// 4. weights, 5. input, 6. layer and forward pass in a task arena, 7. atomic
-// write of the output.
+// `kvhead run`: the layer_job steps (layer_job.hpp) with one cache-free
+// forward pass over the whole input.
 #include "tools/run_command.hpp"
 
-#include <algorithm>
 #include <cstdio>
-#include <filesystem>
-#include <optional>
-#include <string>
-#include <system_error>
-#include <vector>
 
-#include <tbb/global_control.h>
-#include <tbb/info.h>
-#include <tbb/task_arena.h>
-
-#include "engine/io/layer_loader.hpp"
-#include "engine/io/npy.hpp"
-#include "engine/io/safetensors.hpp"
-#include "kvhead/attention.hpp"
-#include "kvhead/config.hpp"
 #include "tools/cli_args.hpp"
+#include "tools/layer_job.hpp"
 
 namespace kvhead::tools {
 
-namespace {
-
-constexpr flag_spec run_flags[] = {
-    {"--weights", true}, {"--input", true},      {"--output", true}, {"--heads", true}, {"--kv-heads", true},
-    {"--causal", false}, {"--rope-theta", true}, {"--prefix", true}, {"--scale", true}, {"--threads", true},
-};
-
-// Counts far beyond any real model are still accepted here; the weights
-// decide (a --heads that does not divide q_proj's rows is a file error).
-constexpr std::size_t max_heads = std::size_t(1) << 32;
-
-struct run_options {
-  std::string weights, input, output;
-  io::layer_load_options layer;
-  std::size_t threads = 1;
-};
-
-run_options parse_run_options(const parsed_flags& flags) {
-  run_options options;
-  options.weights = flags.required("--weights");
-  options.input = flags.required("--input");
-  options.output = flags.required("--output");
-  const std::optional<std::size_t> heads = flags.count("--heads", max_heads);
-  if (!heads) throw usage_error("missing required flag --heads");
-  options.layer.num_heads = *heads;
-  options.layer.num_kv_heads = flags.count("--kv-heads", max_heads);
-  options.layer.causal = flags.has("--causal");
-  options.layer.rope_theta = flags.non_negative_double("--rope-theta").value_or(0.0);
-  options.layer.prefix = flags.value("--prefix").value_or("");
-  options.layer.scale = flags.finite_float("--scale");
-  options.threads =
-      flags.count("--threads", max_threads).value_or(std::size_t(std::max(1, tbb::info::default_concurrency())));
-  return options;
-}
-
-/// Fails early, before any work, when the output cannot possibly be written
-/// (the write itself is still checked: io::write_npy).
-void check_output_path(const std::string& output) {
-  namespace fs = std::filesystem;
-  std::error_code error;
-  const fs::path path(output);
-  if (fs::is_directory(path, error)) throw io::file_error(output, "is a directory, not a file name");
-  const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  if (!fs::is_directory(folder, error))
-    throw io::file_error(output, "cannot write: folder " + quote_arg(folder.string()) + " does not exist");
-}
-
-struct input_dims {
-  std::size_t batch, seq, d_model;
-};
-
-/// [batch, seq, d_model] or [seq, d_model] (batch 1), at least one token.
-input_dims check_input(const std::string& path, const io::npy_array& input) {
-  const std::vector<std::size_t>& shape = input.shape;
-  std::string shape_text = "[";
-  for (std::size_t i = 0; i < shape.size() && i < 8; ++i) {
-    if (i != 0) shape_text += ", ";
-    shape_text += std::to_string(shape[i]);
-  }
-  shape_text += shape.size() > 8 ? ", ...]" : "]";
-  if (shape.size() != 2 && shape.size() != 3)
-    throw io::file_error(path, "shape " + shape_text + " has rank " + std::to_string(shape.size()) +
-                                   "; expected [batch, seq, d_model] or [seq, d_model]");
-  const input_dims dims =
-      shape.size() == 3 ? input_dims{shape[0], shape[1], shape[2]} : input_dims{1, shape[0], shape[1]};
-  if (dims.batch == 0 || dims.seq == 0) throw io::file_error(path, "shape " + shape_text + " holds no tokens");
-  return dims;
-}
-
-int run(const run_options& options) {
-  // 2. An unknown or unsupported KVHEAD_ISA fails here, before any work.
-  (void)active_simd_path();
-  // 3. Output folder.
-  check_output_path(options.output);
-
-  // Let the arena really have `threads` threads (oneTBB otherwise caps it at
-  // the CPU count and warns on stderr).
-  const int threads = int(options.threads);
-  const tbb::global_control allow(tbb::global_control::max_allowed_parallelism,
-                                  std::size_t(std::max(threads, tbb::info::default_concurrency())));
-  tbb::task_arena arena(threads);
-
-  std::vector<float> output;
-  io::npy_array input;
-  arena.execute([&] {
-    // 4. Weights: every shape checked against the flags.
-    std::optional<attention_layer> layer;
-    input_dims dims{};
-    {
-      const io::safetensors_file file(options.weights);
-      const io::loaded_layer loaded = io::load_attention_layer(file, options.layer);
-      // 5. Input.
-      input = io::read_npy(options.input);
-      dims = check_input(options.input, input);
-      if (dims.d_model != loaded.config.d_model)
-        throw io::file_error(options.input, "d_model " + std::to_string(dims.d_model) +
-                                                " (last axis) does not match the weights' d_model " +
-                                                std::to_string(loaded.config.d_model) + " (" + options.weights + ")");
-      // 6. The layer copies the weights; the loaded arrays go out of scope.
-      layer.emplace(loaded.build());
-    }
-    output.resize(input.values.size());
-    layer->forward(input.values.data(), dims.batch, dims.seq, output.data());
-  });
-
-  // 7. Same shape as the input; temporary file then rename.
-  io::write_npy(options.output, input.shape, output.data());
-  return exit_ok;
-}
-
-}  // namespace
-
-const char* run_help_text() {
-  return "kvhead run: one attention layer (q/k/v/o projections, optional RoPE, scaled dot-product\n"
-         "attention with grouped kv heads, output projection) on a float32 input.\n"
-         "\n"
-         "usage: kvhead run --weights W.safetensors --input X.npy --output Y.npy --heads H\n"
-         "                  [--kv-heads G] [--causal] [--rope-theta T] [--prefix P] [--scale S]\n"
-         "                  [--threads N]\n"
-         "\n"
-         "  --weights W     safetensors file (F32, F16 or BF16) holding <P>q_proj.weight [H*d, d_model],\n"
-         "                  <P>k_proj.weight and <P>v_proj.weight [G*d, d_model], <P>o_proj.weight\n"
-         "                  [d_model, H*d], and optionally <P>{q,k,v,o}_proj.bias (nn.Linear layout).\n"
-         "                  head_dim d = rows of q_proj / H.\n"
-         "  --input X       float32 .npy, [batch, seq, d_model] or [seq, d_model] (batch 1).\n"
-         "  --output Y      float32 .npy written with the input's shape (an existing file is\n"
-         "                  replaced atomically; on any error it is left untouched).\n"
-         "  --heads H       number of query heads (required).\n"
-         "  --kv-heads G    number of key/value heads; default rows of k_proj / d. Must match the\n"
-         "                  file and divide H (G = H: MHA, G = 1: MQA).\n"
-         "  --causal        token i attends to tokens 0..i only (switch, no value).\n"
-         "  --rope-theta T  RoPE base (Hugging Face Llama rotate_half, positions from 0); 0, the\n"
-         "                  default, means no RoPE; T > 0 needs an even d.\n"
-         "  --prefix P      prepended verbatim to every tensor name, e.g. model.layers.0.self_attn.\n"
-         "  --scale S       multiplies q.k; default 1/sqrt(d). Must be finite.\n"
-         "  --threads N     run in a oneTBB task arena of N threads, 1 to 1024; default: the\n"
-         "                  number of CPUs this process may use.\n"
-         "  --help, -h      print this help and exit 0.\n"
-         "\n"
-         "Flags take their value as --flag value or --flag=value (use the second form for a\n"
-         "value starting with --). Numbers must be plain decimal text, nothing else around them.\n"
-         "\n"
-         "exit status (any failure prints exactly one line on stderr and leaves --output\n"
-         "untouched):\n"
-         "  0  success; NaN or Inf in the input is not an error (it reaches only the outputs\n"
-         "     that attend to it).\n"
-         "  1  file or data error, the message names the file: missing or unreadable file, bad\n"
-         "     format, wrong dtype or rank, no tokens, d_model of the input differs from the\n"
-         "     weights, H not a multiple of G, --kv-heads disagreeing with the file, odd d with\n"
-         "     RoPE, a prefix matching no tensor, an output that cannot be written, out of memory.\n"
-         "  2  usage error: unknown flag, missing required flag, flag given twice or missing its\n"
-         "     value, a value that is not a number, a count <= 0 (or --threads > 1024), a\n"
-         "     non-finite --scale, a negative or non-finite --rope-theta.\n"
-         "\n"
-         "environment:\n"
-         "  KVHEAD_ISA=avx512|avx2|sse2   force a SIMD path (default: the best this CPU and OS\n"
-         "                                run); an unknown or unsupported path is error 1.\n";
+std::string run_help_text() {
+  return std::string(
+             "kvhead run: one attention layer (q/k/v/o projections, optional RoPE, scaled dot-product\n"
+             "attention with grouped kv heads, output projection) on a float32 input.\n"
+             "\n"
+             "usage: kvhead run --weights W.safetensors --input X.npy --output Y.npy --heads H\n"
+             "                  [--kv-heads G] [--causal] [--rope-theta T] [--prefix P] [--scale S]\n"
+             "                  [--threads N]\n"
+             "\n") +
+         layer_job_help("  --causal        token i attends to tokens 0..i only (switch, no value).\n");
 }
 
 int run_command(std::span<const char* const> args) {
   return run_guarded("kvhead run", [&] {
-    const parsed_flags flags = parse_flags(args, run_flags);
+    const parsed_flags flags = parse_flags(args, layer_job_flags);
     if (flags.help()) {
-      std::fputs(run_help_text(), stdout);
+      std::fputs(run_help_text().c_str(), stdout);
       return exit_ok;
     }
-    return run(parse_run_options(flags));
+    return run_layer_job(parse_layer_job(flags),
+                         [](const attention_layer& layer, const input_dims& dims, const float* x, float* y) {
+                           layer.forward(x, dims.batch, dims.seq, y);
+                         });
   });
 }
 

@@ -1,0 +1,204 @@
+// `kvhead demo` and `kvhead kernels` end to end (the built binary as a child
+// process), on small shapes so the sanitizer build stays fast: the summary,
+// the cached-versus-recomputed check, the --csv rows, the plain progress
+// lines (stdout is not a terminal here), and the usage errors.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/cli_test_util.hpp"
+
+namespace kvhead::cli_test {
+namespace {
+
+constexpr int exit_failure = 1, exit_usage = 2;
+
+const std::vector<std::string> small_model = {"--layers",   "2",  "--d-model",  "64", "--heads",  "4",
+                                              "--kv-heads", "2",  "--head-dim", "16", "--prompt", "40",
+                                              "--tokens",   "40", "--batch",    "2"};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> result;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) result.push_back(line);
+  return result;
+}
+
+bool mentions(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// Fails with `exit_code` and one stderr line starting "kvhead demo: ".
+void expect_demo_failure(const std::vector<std::string>& args, int exit_code, const std::string& mention) {
+  const cli_result result = run_kvhead(with({"demo"}, args));
+  INFO("stderr: " << result.err);
+  CHECK(result.signal == 0);
+  CHECK(result.exit_code == exit_code);
+  CHECK(std::count(result.err.begin(), result.err.end(), '\n') == 1);
+  CHECK(result.err.starts_with("kvhead demo: "));
+  CHECK_MESSAGE(mentions(result.err, mention), "mentions " << mention);
+}
+
+TEST_CASE("demo_small_model") {
+  scratch_dir dir;
+  const std::string csv = dir.file("latency.csv");
+  const cli_result result = run_kvhead(with(with({"demo"}, small_model), {"--csv", csv, "--threads", "2"}));
+  INFO("stdout: " << result.out);
+  INFO("stderr: " << result.err);
+  REQUIRE(result.exit_code == 0);
+  CHECK(result.signal == 0);
+  CHECK(result.err.empty());
+
+  // The model stated, the summary lines, the check.
+  for (const char* text :
+       {"2 attention layers", "d_model 64", "4 query heads", "2 kv heads", "head_dim 16", "RoPE theta 10000", "causal",
+        "rmsnorm", "prefill", "decode", "tokens/s", "latency", "KV cache", "no cache", "speed-up", "identical"})
+    CHECK_MESSAGE(mentions(result.out, text), "output mentions " << text);
+  CHECK(!mentions(result.out, "DIFFERENT"));
+  CHECK(mentions(result.out, "cached and recomputed outputs: identical"));
+
+  // Not a terminal: plain progress lines every 32 tokens and at the end, no '\r'.
+  CHECK(result.out.find('\r') == std::string::npos);
+  CHECK(mentions(result.out, "decode 32/40 tokens x 2 seq"));
+  CHECK(mentions(result.out, "decode 40/40 tokens x 2 seq"));
+  CHECK(!mentions(result.out, "decode 31/40"));
+
+  // The CSV: header, then 40 rows per sequence, positions 40..79 in order.
+  const std::vector<std::string> rows = lines(read_bytes(csv));
+  REQUIRE(rows.size() == 81);
+  CHECK(rows[0] == "seq,position,latency_ms");
+  std::map<std::size_t, std::vector<std::size_t>> positions;
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    CAPTURE(rows[i]);
+    const std::string& line = rows[i];
+    const std::size_t comma1 = line.find(','), comma2 = line.find(',', comma1 + 1);
+    REQUIRE(comma1 != std::string::npos);
+    REQUIRE(comma2 != std::string::npos);
+    std::size_t seq = 0, position = 0;
+    double latency = -1.0;
+    CHECK(std::from_chars(line.data(), line.data() + comma1, seq).ptr == line.data() + comma1);
+    CHECK(std::from_chars(line.data() + comma1 + 1, line.data() + comma2, position).ptr == line.data() + comma2);
+    CHECK(std::from_chars(line.data() + comma2 + 1, line.data() + line.size(), latency).ptr ==
+          line.data() + line.size());
+    CHECK(latency >= 0.0);
+    positions[seq].push_back(position);
+  }
+  REQUIRE(positions.size() == 2);
+  for (const auto& entry : positions) {
+    const std::vector<std::size_t>& list = entry.second;
+    CAPTURE(entry.first);
+    REQUIRE(list.size() == 40);
+    for (std::size_t i = 0; i < list.size(); ++i) CHECK(list[i] == 40 + i);
+  }
+  CHECK(entries(dir.path()) == std::vector<std::string>{"latency.csv"});
+}
+
+TEST_CASE("demo_same_check_with_one_thread_mha_and_few_tokens") {
+  // MHA (G = H), d_model != H * d, fewer decoded tokens than the 16-step
+  // window, one thread, another seed.
+  const cli_result result =
+      run_kvhead({"demo", "--layers", "3", "--d-model", "40", "--heads", "2", "--kv-heads", "2", "--head-dim", "8",
+                  "--prompt", "5", "--tokens", "9", "--threads", "1", "--seed", "0"});
+  INFO("stdout: " << result.out);
+  INFO("stderr: " << result.err);
+  CHECK(result.exit_code == 0);
+  CHECK(mentions(result.out, "cached and recomputed outputs: identical"));
+  CHECK(mentions(result.out, "decode 9/9 tokens x 1 seq"));
+}
+
+TEST_CASE("demo_check_across_a_cache_block_boundary") {
+  // 250 + 20 tokens: the decode and the recomputed stretch (positions
+  // 254-269) cross the first 256-token block; 3 sequences, 1 kv head (MQA).
+  const cli_result result = run_kvhead({"demo", "--layers", "1", "--d-model", "32", "--heads", "2", "--kv-heads", "1",
+                                        "--head-dim", "16", "--prompt", "250", "--tokens", "20", "--batch", "3"});
+  INFO("stdout: " << result.out);
+  INFO("stderr: " << result.err);
+  CHECK(result.exit_code == 0);
+  CHECK(mentions(result.out, "cached and recomputed outputs: identical"));
+  CHECK(mentions(result.out, "positions 254-269"));
+  CHECK(mentions(result.out, "6 of 6 block(s) in use"));
+}
+
+TEST_CASE("kernels_runs") {
+  const cli_result result = run_kvhead({"kernels", "--threads", "2"});
+  INFO("stderr: " << result.err);
+  CHECK(result.exit_code == 0);
+  CHECK(result.err.empty());
+  CHECK(mentions(result.out, "SIMD path"));
+  CHECK(std::count(result.out.begin(), result.out.end(), '\n') == 4);
+  CHECK(mentions(result.out, "1024 x 1024 x 1024"));
+  CHECK(mentions(result.out, "GFLOP/s"));
+}
+
+TEST_CASE("demo_usage_errors") {
+  struct bad {
+    std::vector<std::string> args;
+    std::string mention;
+  };
+  const std::vector<bad> cases = {
+      {{"--layers", "0"}, "--layers"},
+      {{"--d-model", "abc"}, "--d-model"},
+      {{"--heads", "-4"}, "--heads"},
+      {{"--kv-heads", "3", "--heads", "4"}, "--kv-heads 3 must divide --heads 4"},
+      {{"--heads", "6"}, "--kv-heads 8 (the default) must divide --heads 6"},
+      {{"--head-dim", "7"}, "--head-dim must be even"},
+      {{"--prompt", "0"}, "--prompt"},
+      {{"--tokens", "1.5"}, "--tokens"},
+      {{"--batch", ""}, "--batch"},
+      {{"--threads", "1025"}, "--threads"},
+      {{"--seed", "x"}, "--seed"},
+      {{"--seed", "-1"}, "--seed"},
+      {{"--csv"}, "--csv needs a value"},
+      {{"--csv="}, "--csv"},
+      {{"--weights", "w"}, "--weights"},
+      {{"extra"}, "'extra'"},
+  };
+  for (const bad& c : cases) {
+    CAPTURE(c.mention);
+    expect_demo_failure(c.args, exit_usage, c.mention);
+  }
+}
+
+TEST_CASE("demo_file_errors") {
+  scratch_dir dir;
+  SUBCASE("csv folder missing") {
+    const std::string csv = dir.file("no-such-dir/l.csv");
+    expect_demo_failure(with(small_model, {"--csv", csv}), exit_failure, "does not exist");
+  }
+  SUBCASE("bad KVHEAD_ISA") {
+    const cli_result result = run_kvhead(with({"demo"}, small_model), {"KVHEAD_ISA=neon"});
+    CHECK(result.exit_code == exit_failure);
+    CHECK(std::count(result.err.begin(), result.err.end(), '\n') == 1);
+    CHECK(mentions(result.err, "KVHEAD_ISA=neon"));
+    CHECK(result.out.empty());
+  }
+}
+
+TEST_CASE("demo_and_kernels_help") {
+  const cli_result demo = run_kvhead({"demo", "--help"});
+  CHECK(demo.exit_code == 0);
+  for (const char* text : {"--layers", "--d-model", "--heads", "--kv-heads", "--head-dim", "--prompt", "--tokens",
+                           "--batch", "--threads", "--seed", "--csv", "rmsnorm"})
+    CHECK_MESSAGE(mentions(demo.out, text), "demo help mentions " << text);
+  const cli_result top = run_kvhead({"--help"});
+  CHECK(top.exit_code == 0);
+  for (const char* text : {"demo", "decode", "kernels", "GFLOP/s", "--csv"})
+    CHECK_MESSAGE(mentions(top.out, text), "kvhead --help mentions " << text);
+  const cli_result kernels = run_kvhead({"kernels", "--help"});
+  CHECK(kernels.exit_code == 0);
+  CHECK(mentions(kernels.out, "--threads"));
+  const cli_result bad = run_kvhead({"kernels", "--threads", "0"});
+  CHECK(bad.exit_code == exit_usage);
+  CHECK(bad.err.starts_with("kvhead kernels: "));
+}
+
+}  // namespace
+}  // namespace kvhead::cli_test

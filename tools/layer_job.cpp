@@ -1,0 +1,157 @@
+#include "tools/layer_job.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <system_error>
+#include <vector>
+
+#include <tbb/global_control.h>
+#include <tbb/info.h>
+#include <tbb/task_arena.h>
+
+#include "engine/io/npy.hpp"
+#include "engine/io/safetensors.hpp"
+#include "kvhead/config.hpp"
+
+namespace kvhead::tools {
+
+namespace {
+
+// Counts far beyond any real model are still accepted here; the weights
+// decide (a --heads that does not divide q_proj's rows is a file error).
+constexpr std::size_t max_heads = std::size_t(1) << 32;
+
+/// [batch, seq, d_model] or [seq, d_model] (batch 1), at least one token.
+input_dims check_input(const std::string& path, const io::npy_array& input) {
+  const std::vector<std::size_t>& shape = input.shape;
+  std::string shape_text = "[";
+  for (std::size_t i = 0; i < shape.size() && i < 8; ++i) {
+    if (i != 0) shape_text += ", ";
+    shape_text += std::to_string(shape[i]);
+  }
+  shape_text += shape.size() > 8 ? ", ...]" : "]";
+  if (shape.size() != 2 && shape.size() != 3)
+    throw io::file_error(path, "shape " + shape_text + " has rank " + std::to_string(shape.size()) +
+                                   "; expected [batch, seq, d_model] or [seq, d_model]");
+  const input_dims dims =
+      shape.size() == 3 ? input_dims{shape[0], shape[1], shape[2]} : input_dims{1, shape[0], shape[1]};
+  if (dims.batch == 0 || dims.seq == 0) throw io::file_error(path, "shape " + shape_text + " holds no tokens");
+  return dims;
+}
+
+}  // namespace
+
+layer_job parse_layer_job(const parsed_flags& flags) {
+  layer_job job;
+  job.weights = flags.required("--weights");
+  job.input = flags.required("--input");
+  job.output = flags.required("--output");
+  const std::optional<std::size_t> heads = flags.count("--heads", max_heads);
+  if (!heads) throw usage_error("missing required flag --heads");
+  job.layer.num_heads = *heads;
+  job.layer.num_kv_heads = flags.count("--kv-heads", max_heads);
+  job.layer.causal = flags.has("--causal");
+  job.layer.rope_theta = flags.non_negative_double("--rope-theta").value_or(0.0);
+  job.layer.prefix = flags.value("--prefix").value_or("");
+  job.layer.scale = flags.finite_float("--scale");
+  job.threads =
+      flags.count("--threads", max_threads).value_or(std::size_t(std::max(1, tbb::info::default_concurrency())));
+  return job;
+}
+
+void check_output_path(const std::string& output) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path path(output);
+  if (fs::is_directory(path, error)) throw io::file_error(output, "is a directory, not a file name");
+  const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (!fs::is_directory(folder, error))
+    throw io::file_error(output, "cannot write: folder " + quote_arg(folder.string()) + " does not exist");
+}
+
+int run_layer_job(const layer_job& job, const layer_forward& forward) {
+  // 2. An unknown or unsupported KVHEAD_ISA fails here, before any work.
+  (void)active_simd_path();
+  // 3. Output folder.
+  check_output_path(job.output);
+
+  // Let the arena really have `threads` threads (oneTBB otherwise caps it at
+  // the CPU count and warns on stderr).
+  const int threads = int(job.threads);
+  const tbb::global_control allow(tbb::global_control::max_allowed_parallelism,
+                                  std::size_t(std::max(threads, tbb::info::default_concurrency())));
+  tbb::task_arena arena(threads);
+
+  std::vector<float> output;
+  io::npy_array input;
+  arena.execute([&] {
+    // 4. Weights: every shape checked against the flags.
+    std::optional<attention_layer> layer;
+    input_dims dims{};
+    {
+      const io::safetensors_file file(job.weights);
+      const io::loaded_layer loaded = io::load_attention_layer(file, job.layer);
+      // 5. Input.
+      input = io::read_npy(job.input);
+      dims = check_input(job.input, input);
+      if (dims.d_model != loaded.config.d_model)
+        throw io::file_error(job.input, "d_model " + std::to_string(dims.d_model) +
+                                            " (last axis) does not match the weights' d_model " +
+                                            std::to_string(loaded.config.d_model) + " (" + job.weights + ")");
+      // 6. The layer copies the weights; the loaded arrays go out of scope.
+      layer.emplace(loaded.build());
+    }
+    output.resize(input.values.size());
+    forward(*layer, dims, input.values.data(), output.data());
+  });
+
+  // 7. Same shape as the input; temporary file then rename.
+  io::write_npy(job.output, input.shape, output.data());
+  return exit_ok;
+}
+
+std::string layer_job_help(const char* causal_line) {
+  std::string text =
+      "  --weights W     safetensors file (F32, F16 or BF16) holding <P>q_proj.weight [H*d, d_model],\n"
+      "                  <P>k_proj.weight and <P>v_proj.weight [G*d, d_model], <P>o_proj.weight\n"
+      "                  [d_model, H*d], and optionally <P>{q,k,v,o}_proj.bias (nn.Linear layout).\n"
+      "                  head_dim d = rows of q_proj / H.\n"
+      "  --input X       float32 .npy, [batch, seq, d_model] or [seq, d_model] (batch 1).\n"
+      "  --output Y      float32 .npy written with the input's shape (an existing file is\n"
+      "                  replaced atomically; on any error it is left untouched).\n"
+      "  --heads H       number of query heads (required).\n"
+      "  --kv-heads G    number of key/value heads; default rows of k_proj / d. Must match the\n"
+      "                  file and divide H (G = H: MHA, G = 1: MQA).\n";
+  text += causal_line;
+  text +=
+      "  --rope-theta T  RoPE base (Hugging Face Llama rotate_half, positions from 0); 0, the\n"
+      "                  default, means no RoPE; T > 0 needs an even d.\n"
+      "  --prefix P      prepended verbatim to every tensor name, e.g. model.layers.0.self_attn.\n"
+      "  --scale S       multiplies q.k; default 1/sqrt(d). Must be finite.\n"
+      "  --threads N     run in a oneTBB task arena of N threads, 1 to 1024; default: the\n"
+      "                  number of CPUs this process may use.\n"
+      "  --help, -h      print this help and exit 0.\n"
+      "\n"
+      "Flags take their value as --flag value or --flag=value (use the second form for a\n"
+      "value starting with --). Numbers must be plain decimal text, nothing else around them.\n"
+      "\n"
+      "exit status (any failure prints exactly one line on stderr and leaves --output\n"
+      "untouched):\n"
+      "  0  success; NaN or Inf in the input is not an error (it reaches only the outputs\n"
+      "     that attend to it).\n"
+      "  1  file or data error, the message names the file: missing or unreadable file, bad\n"
+      "     format, wrong dtype or rank, no tokens, d_model of the input differs from the\n"
+      "     weights, H not a multiple of G, --kv-heads disagreeing with the file, odd d with\n"
+      "     RoPE, a prefix matching no tensor, an output that cannot be written, out of memory.\n"
+      "  2  usage error: unknown flag, missing required flag, flag given twice or missing its\n"
+      "     value, a value that is not a number, a count <= 0 (or --threads > 1024), a\n"
+      "     non-finite --scale, a negative or non-finite --rope-theta.\n"
+      "\n"
+      "environment:\n"
+      "  KVHEAD_ISA=avx512|avx2|sse2   force a SIMD path (default: the best this CPU and OS\n"
+      "                                run); an unknown or unsupported path is error 1.\n";
+  return text;
+}
+
+}  // namespace kvhead::tools
