@@ -20,14 +20,7 @@
 
 namespace {
 
-std::string shape_text(const std::vector<std::size_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i != 0) text += ", ";
-    text += std::to_string(shape[i]);
-  }
-  return text + "]";
-}
+using kvhead::io::shape_text;
 
 int compare(const std::string& got_path, const std::string& expected_path, double rtol) {
   const kvhead::io::npy_array got = kvhead::io::read_npy(got_path);

@@ -1,10 +1,10 @@
-// Per-thread scratch memory that is safe under oneTBB work stealing.
+// Per-thread reusable memory that is safe under oneTBB work stealing.
 //
 // A thread waiting inside parallel_for may steal and run another task that
 // asks for scratch too, so a single thread_local buffer could be handed out
-// twice. Each thread keeps a stack of buffers instead: a scratch_lease takes
-// the next free level and gives it back on destruction. Buffers only grow, so
-// steady-state calls allocate nothing.
+// twice. Each thread keeps a stack of objects instead: a lease takes the next
+// free level and gives it back on destruction. Objects are kept (buffers only
+// grow, vectors keep their capacity), so steady-state calls allocate nothing.
 #pragma once
 
 #include <cstddef>
@@ -15,36 +15,8 @@
 
 namespace kvhead::engine {
 
-class scratch_lease {
- public:
-  explicit scratch_lease(std::size_t floats) : level_(depth()++) {
-    auto& levels = stack();
-    if (levels.size() <= level_) levels.resize(level_ + 1);
-    data_ = levels[level_].reserve(floats);
-  }
-  ~scratch_lease() { --depth(); }
-  scratch_lease(const scratch_lease&) = delete;
-  scratch_lease& operator=(const scratch_lease&) = delete;
-
-  float* data() const { return data_; }
-
- private:
-  static std::vector<aligned_buffer>& stack() {
-    thread_local std::vector<aligned_buffer> levels;
-    return levels;
-  }
-  static std::size_t& depth() {
-    thread_local std::size_t used = 0;
-    return used;
-  }
-  std::size_t level_;
-  float* data_;
-};
-
-/// A per-thread reusable T (a set of vectors, say) with the same nesting
-/// rule as scratch_lease: each live lease on a thread has its own object, kept
-/// for the next lease at that level, so its vectors keep their capacity and a
-/// steady state of repeated calls allocates nothing.
+/// A per-thread reusable T (a set of vectors, say): each live lease on a
+/// thread has its own object, kept for the next lease at that level.
 template <class T>
 class reusable {
  public:
@@ -71,6 +43,18 @@ class reusable {
   }
   std::size_t level_;
   T* object_;
+};
+
+/// At least `floats` floats of 64-byte aligned per-thread scratch.
+class scratch_lease {
+ public:
+  explicit scratch_lease(std::size_t floats) : data_(buffer_->reserve(floats)) {}
+
+  float* data() const { return data_; }
+
+ private:
+  reusable<aligned_buffer> buffer_;
+  float* data_;
 };
 
 }  // namespace kvhead::engine

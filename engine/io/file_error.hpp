@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kvhead::io {
 
@@ -55,6 +56,16 @@ inline std::string quote_name(std::string_view text) {
   if (text.size() > max_bytes) result += "...";
   result += "'";
   return result;
+}
+
+/// A shape for a message: "[2, 3]".
+inline std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i != 0) text += ", ";
+    text += std::to_string(shape[i]);
+  }
+  return text + "]";
 }
 
 class file_error : public std::runtime_error {

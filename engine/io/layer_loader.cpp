@@ -12,15 +12,6 @@ namespace kvhead::io {
 
 namespace {
 
-std::string shape_text(const std::vector<std::size_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i != 0) text += ", ";
-    text += std::to_string(shape[i]);
-  }
-  return text + "]";
-}
-
 std::string number(std::size_t value) { return std::to_string(value); }
 
 class loader {
