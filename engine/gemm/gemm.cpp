@@ -101,25 +101,28 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
   const std::size_t a_panels = ceil_div(m, config.mr);
   scratch_lease a_packed(a_panels * config.mr * depth);
   constexpr std::size_t a_panels_per_task = 8;
-  for_each_index(ceil_div(a_panels, a_panels_per_task), 2.0 * double(m) * double(depth), [&](std::size_t task) {
+  for_each_index(ceil_div(a_panels, a_panels_per_task), 32.0 * double(m) * double(depth), [&](std::size_t task) {
     const std::size_t row0 = task * a_panels_per_task * config.mr;
     pack_a(a, row0, std::min(a_panels_per_task * config.mr, m - row0), k0, depth, config.mr,
            a_packed.data() + row0 * depth);
   });
 
-  const std::size_t row_blocks = ceil_div(m, config.mc);
+  // Tasks: equal row blocks (whole MR panels, at most MC rows: the A block
+  // stays in L2) times groups of NR panels. With several threads, aim for ~4
+  // tasks each, cutting rows first, then columns, into near-equal parts.
   const std::size_t panels = ceil_div(cols, config.nr);
-  // With several threads, aim for ~4 tasks each: split columns when rows alone are too few.
   const std::size_t threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-  const std::size_t panel_groups =
-      threads < 2 ? 1 : std::clamp<std::size_t>(ceil_div(4 * threads, row_blocks), 1, panels);
+  const std::size_t wanted = threads < 2 ? 1 : 4 * threads;
+  const std::size_t row_blocks = std::clamp<std::size_t>(wanted, ceil_div(m, config.mc), a_panels);
+  const std::size_t block_rows = ceil_div(a_panels, row_blocks) * config.mr;
+  const std::size_t panel_groups = std::clamp<std::size_t>(ceil_div(wanted, ceil_div(m, block_rows)), 1, panels);
   const std::size_t panels_per_group = ceil_div(panels, panel_groups);
   const std::size_t groups = ceil_div(panels, panels_per_group);
 
   auto run_task = [&](std::size_t task) {
     const std::size_t row_block = task / groups, group = task % groups;
-    const std::size_t row0 = row_block * config.mc;
-    const std::size_t rows = std::min(config.mc, m - row0);
+    const std::size_t row0 = row_block * block_rows;
+    const std::size_t rows = std::min(block_rows, m - row0);
     const std::size_t panel_end = std::min(panels, (group + 1) * panels_per_group);
     for (std::size_t panel = group * panels_per_group; panel < panel_end; ++panel) {
       const bool packed_tail = block.tail_panel != nullptr && panel + 1 == panels;
@@ -138,7 +141,7 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       }
     }
   };
-  for_each_index(row_blocks * groups, 2.0 * double(m) * double(cols) * double(depth), run_task);
+  for_each_index(ceil_div(m, block_rows) * groups, 2.0 * double(m) * double(cols) * double(depth), run_task);
 }
 
 // The JC and PC loops; block(col0, cols, k0, depth) yields op(B)'s block.
@@ -217,7 +220,8 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
       if (tail_cols != 0) pack_b(b, k0, depth, col0 + cols - tail_cols, tail_cols, nr, b_packed.data());
       return b_block{b.data + k0 * b.ld + col0, nr, b.ld, tail_cols != 0 ? b_packed.data() : nullptr};
     }
-    for_each_index(ceil_div(cols, nr), 2.0 * double(cols) * double(depth), [&](std::size_t panel) {
+    // Packing moves memory: weigh an element like 32 flops of compute.
+    for_each_index(ceil_div(cols, nr), 32.0 * double(cols) * double(depth), [&](std::size_t panel) {
       const std::size_t col = panel * nr;
       pack_b(b, k0, depth, col0 + col, std::min(nr, cols - col), nr, b_packed.data() + panel * depth * nr);
     });
