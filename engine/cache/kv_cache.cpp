@@ -29,13 +29,13 @@
 #include <utility>
 #include <vector>
 
+#include "engine/arch/aligned_buffer.hpp"
 #include "engine/cache/kv_cache_internals.hpp"
 
 namespace kvhead {
 
 namespace {
 
-constexpr std::size_t pool_alignment = 64;
 constexpr std::size_t row_multiple = 32;       // head_dim is padded to a multiple of 32 floats
 constexpr std::size_t min_table_capacity = 8;  // first growth of a block table
 
@@ -47,10 +47,6 @@ std::size_t checked_product(std::size_t a, std::size_t b, const char* message) {
   if (__builtin_mul_overflow(a, b, &product)) throw std::invalid_argument(message);
   return product;
 }
-
-struct pool_delete {
-  void operator()(float* pool) const { ::operator delete(pool, std::align_val_t{pool_alignment}); }
-};
 
 }  // namespace
 
@@ -65,7 +61,7 @@ struct kv_cache::impl {
   std::size_t block_floats = 0;   // 2 * num_layers * num_kv_heads * region_floats
   std::size_t block_bytes = 0;
   std::size_t total_blocks = 0;
-  std::unique_ptr<float, pool_delete> pool;
+  engine::float_storage pool;
 
   // Guarded by mutex.
   mutable std::mutex mutex;
@@ -150,9 +146,10 @@ kv_cache::impl::impl(const kv_cache_config& requested) : config(requested) {
                                 " makes " + std::to_string(total_blocks) +
                                 " blocks, more than the 2^32 - 1 a block table can index");
 
-  // Not zeroed: untouched pages stay uncommitted until first written.
-  pool.reset(static_cast<float*>(
-      ::operator new(total_blocks * block_bytes, std::align_val_t{pool_alignment})));
+  // Not zeroed: untouched pages stay uncommitted until first written. Huge
+  // pages where offered (engine/arch/aligned_buffer.hpp): decode streams K/V
+  // from DRAM.
+  pool = engine::allocate_floats(total_blocks * block_bytes / sizeof(float));
   references.assign(total_blocks, 0);
   free_list.resize(total_blocks);
   for (std::size_t i = 0; i < total_blocks; ++i)  // block 0 on top: handed out in index order

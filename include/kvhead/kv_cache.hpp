@@ -15,8 +15,10 @@
 // ((l * num_kv_heads + h) * 2 + 0) * region_floats of the block and the V
 // region right after it, at ((l * num_kv_heads + h) * 2 + 1) * region_floats.
 // block_bytes() = 2 * num_layers * num_kv_heads * region_floats * 4. The pool
-// is one 64-byte aligned allocation, and block_bytes() is a multiple of 8 KiB,
-// so every block and every region is 64-byte aligned. What a region holds is
+// is one 64-byte aligned allocation (2 MiB aligned and backed by transparent
+// huge pages where the OS offers them, when it is 2 MiB or more), and
+// block_bytes() is a multiple of 8 KiB, so every block and every region is
+// 64-byte aligned. What a region holds is
 // the kernels' business; a freshly reserved block holds unspecified values
 // (the pool is not zeroed, blocks are recycled as they are).
 //
