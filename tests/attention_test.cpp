@@ -340,3 +340,23 @@ TEST_CASE("attention determinism: 1, 2, 3 and 8 threads give the same bits (pref
     }
   }
 }
+
+TEST_CASE("attention: the fastest reduction order stays within rounding of the fixed one, at any thread count") {
+  std::mt19937 generator(41);
+  sdpa_setup setup;
+  setup.dims = attention_dims{1, 8, 1, 1, 3000, 32};  // one MQA decode step: its key range is split
+  setup.causal = true;
+  const sdpa_data data = make_data(setup, generator);
+  std::vector<float> fixed;
+  kvhead::engine::flash_attention(make_problem(setup, data, fixed, kvhead::active_simd_path()));
+  kvhead::set_reduction_order(kvhead::reduction_order::fastest);
+  for (int threads : {1, 2, 3, 8}) {
+    std::vector<float> fastest;
+    const auto problem = make_problem(setup, data, fastest, kvhead::active_simd_path());
+    tbb::task_arena arena(threads);
+    arena.execute([&] { kvhead::engine::flash_attention(problem); });
+    for (std::size_t i = 0; i < fixed.size(); ++i) CHECK(std::fabs(fastest[i] - fixed[i]) <= 1e-5f * (1.0f + std::fabs(fixed[i])));
+  }
+  kvhead::set_reduction_order(kvhead::reduction_order::fixed);
+  CHECK(kvhead::current_reduction_order() == kvhead::reduction_order::fixed);
+}

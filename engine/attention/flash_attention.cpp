@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <tbb/parallel_for.h>
@@ -162,16 +163,26 @@ std::size_t partial_floats(const attention_tile& tile) {
   return tile.positions * tile.group * (tile.head_dim + 2);
 }
 
-void clear_partial(const attention_tile& tile, float* partial) {
+// A range of a tile's rows (row = position * R + head in group).
+struct row_range {
+  std::size_t begin, end;
+};
+
+row_range all_rows(const attention_tile& tile) { return {0, tile.positions * tile.group}; }
+
+// The empty partial (max -inf, sum 0, acc 0) for a range of rows.
+void clear_partial(const attention_tile& tile, float* partial, row_range range) {
   const std::size_t rows = tile.positions * tile.group;
-  std::fill(partial, partial + rows, -INFINITY);
-  std::fill(partial + rows, partial + partial_floats(tile), 0.0f);
+  std::fill(partial + range.begin, partial + range.end, -INFINITY);
+  std::fill(partial + rows + range.begin, partial + rows + range.end, 0.0f);
+  std::fill(partial + 2 * rows + range.begin * tile.head_dim, partial + 2 * rows + range.end * tile.head_dim, 0.0f);
 }
 
 // 3. Merges chunk `chunk`'s partial into the running one, row by row.
-void merge_into(const attention_tile& tile, std::size_t chunk, float* running, const float* partial) {
+void merge_into(const attention_tile& tile, std::size_t chunk, float* running, const float* partial,
+                row_range range) {
   const std::size_t rows = tile.positions * tile.group;
-  for (std::size_t row = 0; row < rows; ++row) {
+  for (std::size_t row = range.begin; row < range.end; ++row) {
     if (visible_in_chunk(tile, chunk, row / tile.group) == 0) continue;
     softmax_partial merged{running[row], running[rows + row]};
     merge_partials(merged, running + 2 * rows + row * tile.head_dim, softmax_partial{partial[row], partial[rows + row]},
@@ -182,15 +193,14 @@ void merge_into(const attention_tile& tile, std::size_t chunk, float* running, c
 }
 
 // 4. out = acc / sum.
-void write_output(const attention_tile& tile, const float* running) {
+void write_output(const attention_tile& tile, const float* running, row_range range) {
   const std::size_t rows = tile.positions * tile.group;
-  for (std::size_t i = 0; i < tile.positions; ++i)
-    for (std::size_t r = 0; r < tile.group; ++r) {
-      const std::size_t row = i * tile.group + r;
-      float* target = tile.out + (tile.kv_head * tile.group + r) * tile.out_head_stride +
-                      (tile.position0 + i) * tile.out_seq_stride;
-      normalize_row(running + 2 * rows + row * tile.head_dim, running[rows + row], target, tile.head_dim, tile.path);
-    }
+  for (std::size_t row = range.begin; row < range.end; ++row) {
+    const std::size_t i = row / tile.group, r = row % tile.group;
+    float* target =
+        tile.out + (tile.kv_head * tile.group + r) * tile.out_head_stride + (tile.position0 + i) * tile.out_seq_stride;
+    normalize_row(running + 2 * rows + row * tile.head_dim, running[rows + row], target, tile.head_dim, tile.path);
+  }
 }
 
 // Computes the partials of chunks [begin, end): merged into `running` as they
@@ -201,7 +211,7 @@ void process_chunks(const attention_tile& tile, const kv_chunk_source& source, s
   for (std::size_t chunk = begin; chunk < end; ++chunk) {
     float* partial = stored != nullptr ? stored + (chunk - begin) * partial_floats(tile) : scratch.partial.data();
     chunk_partial(tile, source, chunk, scratch, partial);
-    if (stored == nullptr) merge_into(tile, chunk, running, partial);
+    if (stored == nullptr) merge_into(tile, chunk, running, partial, all_rows(tile));
   }
 }
 
@@ -223,7 +233,9 @@ namespace {
 struct run_workspace {
   std::vector<work_unit> units;
   work_plan plan;
-  std::vector<std::size_t> offset, split_tiles;
+  std::vector<std::size_t> offset, first_slot, split_tiles;
+  std::vector<char> range_start;                          // per chunk slot of split tiles (fastest order)
+  std::vector<std::pair<std::size_t, row_range>> merges;  // (split tile, rows) of the merge pass
 };
 
 }  // namespace
@@ -233,39 +245,61 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
   tile_work_units(tiles, work->units);
   plan_work(work->units, static_cast<std::size_t>(tbb::this_task_arena::max_concurrency()), work->plan);
   const work_plan& plan = work->plan;
-  // Storage for the per-chunk partials of split tiles.
+  const bool fixed_order = current_reduction_order() == reduction_order::fixed;
+  // Split tiles keep one partial slot per chunk: fixed order stores every
+  // chunk's partial there; the fastest order stores each task's own merged
+  // range in the slot of its first chunk (and marks it in `range_start`).
   work->offset.assign(tiles.size(), 0);
   work->split_tiles.clear();
-  std::size_t stored_floats = 0;
+  std::size_t stored_floats = 0, slots = 0;
   for (std::size_t t = 0; t < tiles.size(); ++t)
     if (plan.split[t]) {
       work->offset[t] = stored_floats;
+      work->first_slot.resize(t + 1);
+      work->first_slot[t] = slots;
       work->split_tiles.push_back(t);
       stored_floats += work->units[t].chunks * partial_floats(tiles[t]);
+      slots += work->units[t].chunks;
     }
+  work->range_start.assign(slots, 0);
   scratch_lease stored(stored_floats);
   run_indices(plan.tasks.size(), [&](std::size_t index) {
     const work_task& task = plan.tasks[index];
     const attention_tile& tile = tiles[task.unit];
     const gemm_serial_scope serial;  // one task per tile or range already keeps the threads busy
     if (plan.split[task.unit]) {
-      process_chunks(tile, *sources[task.unit], task.chunk_begin, task.chunk_end, nullptr,
-                     stored.data() + work->offset[task.unit] + task.chunk_begin * partial_floats(tile));
+      float* slot = stored.data() + work->offset[task.unit] + task.chunk_begin * partial_floats(tile);
+      if (fixed_order) {
+        process_chunks(tile, *sources[task.unit], task.chunk_begin, task.chunk_end, nullptr, slot);
+      } else {
+        clear_partial(tile, slot, all_rows(tile));
+        process_chunks(tile, *sources[task.unit], task.chunk_begin, task.chunk_end, slot, nullptr);
+        work->range_start[work->first_slot[task.unit] + task.chunk_begin] = 1;
+      }
       return;
     }
     scratch_lease running(partial_floats(tile));
-    clear_partial(tile, running.data());
+    clear_partial(tile, running.data(), all_rows(tile));
     process_chunks(tile, *sources[task.unit], 0, work->units[task.unit].chunks, running.data(), nullptr);
-    write_output(tile, running.data());
+    write_output(tile, running.data(), all_rows(tile));
   });
-  // Split tiles: merge the stored partials left to right, then normalize.
-  run_indices(work->split_tiles.size(), [&](std::size_t index) {
-    const std::size_t t = work->split_tiles[index];
-    scratch_lease running(partial_floats(tiles[t]));
-    clear_partial(tiles[t], running.data());
+  // Split tiles: merge the stored partials left to right, then normalize;
+  // rows are independent, so blocks of rows run in parallel.
+  constexpr std::size_t merge_rows = 8;
+  work->merges.clear();
+  for (std::size_t t : work->split_tiles)
+    for (std::size_t row = 0; row < all_rows(tiles[t]).end; row += merge_rows)
+      work->merges.push_back({t, {row, std::min(row + merge_rows, all_rows(tiles[t]).end)}});
+  run_indices(work->merges.size(), [&](std::size_t index) {
+    const auto& [t, range] = work->merges[index];
+    const attention_tile& tile = tiles[t];
+    const float* partials = stored.data() + work->offset[t];
+    scratch_lease running(partial_floats(tile));  // these rows' running partial, from empty
+    clear_partial(tile, running.data(), range);
     for (std::size_t chunk = 0; chunk < work->units[t].chunks; ++chunk)
-      merge_into(tiles[t], chunk, running.data(), stored.data() + work->offset[t] + chunk * partial_floats(tiles[t]));
-    write_output(tiles[t], running.data());
+      if (fixed_order || work->range_start[work->first_slot[t] + chunk] != 0)
+        merge_into(tile, chunk, running.data(), partials + chunk * partial_floats(tile), range);
+    write_output(tile, running.data(), range);
   });
 }
 
