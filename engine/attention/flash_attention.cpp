@@ -19,6 +19,7 @@ namespace {
 // Query rows stacked per tile: R heads x positions <= 120 rows, so the
 // chunk's scores (120 x 256 floats) and accumulators stay in L2; 120 is a
 // multiple of every path's MR (12, 6, 6), so tiles have no short row edge.
+// Measured on S2 and S3 at one thread: 60, 120 and 240 rows within 2%.
 constexpr std::size_t stacked_rows = 120;
 
 std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
