@@ -92,21 +92,12 @@ void run_tile(const gemm_config& config, microkernel_params params, std::size_t 
 }
 
 // One (JC, PC) step: C[:, col0 : col0+cols] (+)= alpha * op(A)[:, k0 : k0+depth] * block.
-// 1. pack this k-slice of A, all rows, in parallel over MR panels;
-// 2. sweep (MC row block x group of NR panels) tasks, each reading its packed A
-//    block (L2) against its B panels (L1).
+// Tasks over (row block x group of NR panels), each reading its packed A
+// block (L2) against its B panels (L1).
 void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_operand a,
                     std::size_t k0, std::size_t depth, const b_block& block, std::size_t col0,
                     std::size_t cols, float beta, float* c, std::size_t ldc) {
   const std::size_t a_panels = ceil_div(m, config.mr);
-  scratch_lease a_packed(a_panels * config.mr * depth);
-  constexpr std::size_t a_panels_per_task = 8;
-  for_each_index(ceil_div(a_panels, a_panels_per_task), 32.0 * double(m) * double(depth), [&](std::size_t task) {
-    const std::size_t row0 = task * a_panels_per_task * config.mr;
-    pack_a(a, row0, std::min(a_panels_per_task * config.mr, m - row0), k0, depth, config.mr,
-           a_packed.data() + row0 * depth);
-  });
-
   // Tasks: equal row blocks (whole MR panels, at most MC rows: the A block
   // stays in L2) times groups of NR panels. With several threads, aim for ~4
   // tasks each, cutting rows first, then columns, into near-equal parts.
@@ -119,10 +110,26 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
   const std::size_t panels_per_group = ceil_div(panels, panel_groups);
   const std::size_t groups = ceil_div(panels, panels_per_group);
 
+  // Packed A of this k-slice. When each task owns whole rows (one column
+  // group), it packs its own rows; otherwise the rows are packed first, in
+  // parallel, and shared by the column groups.
+  scratch_lease a_packed(a_panels * config.mr * depth);
+  auto pack_rows = [&](std::size_t row0, std::size_t rows) {
+    pack_a(a, row0, rows, k0, depth, config.mr, a_packed.data() + row0 * depth);
+  };
+  if (groups > 1) {
+    constexpr std::size_t a_panels_per_task = 8;
+    for_each_index(ceil_div(a_panels, a_panels_per_task), 32.0 * double(m) * double(depth), [&](std::size_t task) {
+      const std::size_t row0 = task * a_panels_per_task * config.mr;
+      pack_rows(row0, std::min(a_panels_per_task * config.mr, m - row0));
+    });
+  }
+
   auto run_task = [&](std::size_t task) {
     const std::size_t row_block = task / groups, group = task % groups;
     const std::size_t row0 = row_block * block_rows;
     const std::size_t rows = std::min(block_rows, m - row0);
+    if (groups == 1) pack_rows(row0, rows);
     const std::size_t panel_end = std::min(panels, (group + 1) * panels_per_group);
     for (std::size_t panel = group * panels_per_group; panel < panel_end; ++panel) {
       const bool packed_tail = block.tail_panel != nullptr && panel + 1 == panels;
