@@ -1,4 +1,4 @@
-// Command-line flags shared by the kvhead commands (run, demo, later decode):
+// Command-line flags shared by the kvhead commands (run, decode, demo, kernels):
 // parsing, strict number conversion, and the exit-code contract.
 //
 // Syntax. Every flag is long ("--name"). A flag that takes a value accepts
