@@ -23,6 +23,8 @@
 #include <system_error>
 #include <utility>
 
+#include "engine/io/regular_file.hpp"
+
 namespace kvhead::io {
 
 namespace {
@@ -37,8 +39,6 @@ constexpr std::size_t max_header_bytes = 1'000'000;
 // NumPy 2's NPY_MAXDIMS. Also bounds the shape vector whatever the header
 // says, and keeps any header we write far below 1.0's 65535-byte limit.
 constexpr std::size_t max_rank = 64;
-
-std::string system_message(int error) { return std::system_category().message(error); }
 
 /// "(2, 3)", "(3,)", "()" as Python prints a tuple; at most 8 extents shown.
 std::string format_shape(const std::vector<std::size_t>& shape, bool complete = false) {
@@ -55,12 +55,6 @@ std::string format_shape(const std::vector<std::size_t>& shape, bool complete = 
   return text + ")";
 }
 
-struct fd_closer {
-  int fd;
-  ~fd_closer() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 /// The header dict, parsed by recursive descent over the Python literal
 /// subset described in npy.hpp. Throws file_error at the first problem.
@@ -238,15 +232,10 @@ std::uint32_t read_le(const unsigned char* bytes, std::size_t count) {
 }  // namespace
 
 npy_array read_npy(const std::string& path) {
-  // 1. Open: regular files only; O_NONBLOCK so a FIFO cannot hang the open.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (fd < 0) throw file_error(path, "cannot open: " + system_message(errno));
-  const fd_closer closer{fd};
-  struct stat status {};
-  if (::fstat(fd, &status) != 0) throw file_error(path, "cannot stat: " + system_message(errno));
-  if (S_ISDIR(status.st_mode)) throw file_error(path, "is a directory, not a .npy file");
-  if (!S_ISREG(status.st_mode)) throw file_error(path, "not a regular file");
-  const auto file_size = std::size_t(status.st_size);
+  // 1. Open: regular files only.
+  const regular_file file(path, "a .npy file");
+  const int fd = file.descriptor();
+  const std::size_t file_size = file.size();
 
   // 2. Preamble: magic, version, header length.
   unsigned char preamble[12] = {};

@@ -24,6 +24,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/io/regular_file.hpp"
+
 namespace kvhead::io {
 
 static_assert(sizeof(std::size_t) == 8, "offsets and sizes are checked as 64-bit std::size_t");
@@ -77,7 +79,6 @@ constexpr std::uint64_t max_header_bytes = 100'000'000;
 // so a header of "[0,0,0,..." cannot cost 4 bytes of memory per byte.
 constexpr std::size_t max_rank = 64;
 
-std::string system_message(int error) { return std::system_category().message(error); }
 
 /// "[2, 3]", at most 8 extents shown (a hostile rank must not bloat messages).
 std::string format_list(const std::vector<std::size_t>& values) {
@@ -343,23 +344,14 @@ class header_handler {
   std::vector<std::size_t> offsets_;
 };
 
-struct fd_closer {
-  int fd;
-  ~fd_closer() { ::close(fd); }
-};
 
 }  // namespace
 
 safetensors_file::safetensors_file(const std::string& path) : path_(path) {
-  // 1. Open: regular files only. O_NONBLOCK so a FIFO cannot hang the open.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (fd < 0) throw file_error(path, "cannot open: " + system_message(errno));
-  const fd_closer closer{fd};
-  struct stat status {};
-  if (::fstat(fd, &status) != 0) throw file_error(path, "cannot stat: " + system_message(errno));
-  if (S_ISDIR(status.st_mode)) throw file_error(path, "is a directory, not a safetensors file");
-  if (!S_ISREG(status.st_mode)) throw file_error(path, "not a regular file");
-  const auto file_size = std::size_t(status.st_size);
+  // 1. Open: regular files only.
+  const regular_file file(path, "a safetensors file");
+  const int fd = file.descriptor();
+  const std::size_t file_size = file.size();
   if (file_size < 8) {
     throw file_error(path, "file is " + std::to_string(file_size) + " bytes, too short for the 8-byte header length");
   }
