@@ -3,13 +3,14 @@
 // every block size.
 #include <doctest/doctest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "kvhead/attention.hpp"
+#include "kvhead/config.hpp"
 #include "kvhead/kv_cache.hpp"
 
 namespace {
@@ -212,4 +213,19 @@ TEST_CASE("decode: bad calls are rejected before anything is written") {
   other.append(other_id, 1);
   CHECK_THROWS_WITH_AS(f.layer.forward(other, 0, {{other_id, 1}}, x.data(), y.data()),
                        doctest::Contains("kv heads"), std::invalid_argument);
+}
+
+TEST_CASE("set_num_threads: calls run in an arena of that size, with the same bits") {
+  layer_fixture f(gqa_rope);
+  std::mt19937 generator(8);
+  const std::vector<float> x = random_values(40 * f.config.d_model, generator, 1.0f);
+  const std::vector<float> expected = f.full(x, 40);
+  for (std::size_t threads : {1, 3}) {
+    kvhead::set_num_threads(threads);
+    CHECK(kvhead::num_threads() == threads);
+    CHECK(same_bits(f.full(x, 40).data(), expected.data(), expected.size()));
+  }
+  kvhead::set_num_threads(0);
+  CHECK(kvhead::num_threads() == 0);
+  CHECK_THROWS_AS(kvhead::set_num_threads(5000), std::invalid_argument);
 }

@@ -10,6 +10,7 @@
 #include "engine/attention/layer_impl.hpp"
 #include "engine/attention/rope.hpp"
 #include "engine/gemm/gemm.hpp"
+#include "engine/scheduler/arena.hpp"
 #include "kvhead/attention.hpp"
 
 namespace kvhead {
@@ -68,8 +69,10 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
                                           options.valid_len,
                                           options.additive_mask,
                                           active_simd_path()};
-  engine::flash_attention(problem);
-  if (options.probabilities != nullptr) engine::attention_probabilities(problem, options.probabilities);
+  engine::run_in_arena([&] {
+    engine::flash_attention(problem);
+    if (options.probabilities != nullptr) engine::attention_probabilities(problem, options.probabilities);
+  });
 }
 
 // ---------------------------------------------------------------- the layer
@@ -145,14 +148,11 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
   if (rows == 0) return;
   engine::require(x != nullptr && y != nullptr, [&] { return std::string("attention_layer::forward: x or y is null"); });
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
-  // 1-2. Projections, q [rows, H d], k and v [rows, G d] (layout [batch, seq,
-  // heads, d]), and RoPE at positions 0..seq-1 of each sequence.
+  // q [rows, H d], k and v [rows, G d] (layout [batch, seq, heads, d]).
   std::vector<float> q(rows * heads * head_dim), k(rows * kv_heads * head_dim), v(rows * kv_heads * head_dim),
       attended(rows * heads * head_dim);
   std::vector<std::size_t> positions(rows);
   for (std::size_t row = 0; row < rows; ++row) positions[row] = row % seq;
-  impl_->project(x, rows, positions.data(), q.data(), k.data(), v.data());
-  // 3. Attention.
   const engine::attention_problem problem{{batch, heads, kv_heads, seq, seq, head_dim},
                                           head_tensor<const float>::bshd(q.data(), heads, seq, head_dim),
                                           head_tensor<const float>::bshd(k.data(), kv_heads, seq, head_dim),
@@ -164,9 +164,14 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
                                           nullptr,
                                           nullptr,
                                           active_simd_path()};
-  engine::flash_attention(problem);
-  // 4. Output projection.
-  impl_->o_proj.apply(attended.data(), rows, y);
+  engine::run_in_arena([&] {
+    // 1-2. Projections, and RoPE at positions 0..seq-1 of each sequence.
+    impl_->project(x, rows, positions.data(), q.data(), k.data(), v.data());
+    // 3. Attention.
+    engine::flash_attention(problem);
+    // 4. Output projection.
+    impl_->o_proj.apply(attended.data(), rows, y);
+  });
 }
 
 }  // namespace kvhead

@@ -22,6 +22,7 @@
 #include "engine/attention/layer_impl.hpp"
 #include "engine/cache/cached_attention.hpp"
 #include "engine/cache/kv_cache_internals.hpp"
+#include "engine/scheduler/arena.hpp"
 
 namespace kvhead {
 namespace engine {
@@ -206,19 +207,21 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
 
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
   const simd_path path = active_simd_path();
-  // 1-2. Projections and RoPE at each row's absolute position.
   scratch_lease q(rows * heads * head_dim), k(rows * kv_heads * head_dim), v(rows * kv_heads * head_dim),
       attended(rows * heads * head_dim);
   work->positions.resize(rows);
   for (const cached_rows& e : entries)
     for (std::size_t i = 0; i < e.length - e.past; ++i) work->positions[e.row0 + i] = e.past + i;
-  impl_->project(x, rows, work->positions.data(), q.data(), k.data(), v.data());
-  // 3. The new K and V into their blocks (each exclusively owned after
-  // append, so sequences never race); 4. attention over each whole past.
-  write_cached_kv(cache, layer, entries, k.data(), v.data(), path);
-  cached_attention(cache, layer, entries, heads, q.data(), attended.data(), *config.scale, path);
-  // 5. Output projection.
-  impl_->o_proj.apply(attended.data(), rows, y);
+  run_in_arena([&] {
+    // 1-2. Projections and RoPE at each row's absolute position.
+    impl_->project(x, rows, work->positions.data(), q.data(), k.data(), v.data());
+    // 3. The new K and V into their blocks (each exclusively owned after
+    // append, so sequences never race); 4. attention over each whole past.
+    write_cached_kv(cache, layer, entries, k.data(), v.data(), path);
+    cached_attention(cache, layer, entries, heads, q.data(), attended.data(), *config.scale, path);
+    // 5. Output projection.
+    impl_->o_proj.apply(attended.data(), rows, y);
+  });
 }
 
 }  // namespace kvhead

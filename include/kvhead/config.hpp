@@ -12,6 +12,7 @@
 // that needs the path throws std::runtime_error naming the problem.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,14 @@ simd_path active_simd_path();
 
 /// Every path this CPU and OS can run, best first (sse2 is always last).
 std::vector<simd_path> supported_simd_paths();
+
+/// Threads for kvhead's work. 0 (the default): every call runs in the
+/// caller's oneTBB task arena — all cores unless the caller made a smaller
+/// arena. n > 0: every call runs in a process-wide task arena of n threads.
+/// Nothing in kvhead starts threads of its own either way. Results never
+/// depend on the thread count. Throws std::invalid_argument above 4096.
+void set_num_threads(std::size_t threads);
+std::size_t num_threads();
 
 /// How attention reduces a key range that the scheduler splits across tasks
 /// (long pasts decoded for few sequences).
