@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <xmmintrin.h>
+
 namespace kvhead::engine {
 namespace {
 
@@ -33,17 +35,33 @@ void pack_panels(strided_view view, std::size_t outer0, std::size_t count, std::
     }
     return;
   }
-  // k contiguous in memory: transpose lane by lane.
+  // k contiguous in memory (inner_stride is 1 here: one of the two strides
+  // always is): transpose 4 lanes x 4 k at a time with SSE shuffles (the
+  // x86-64 baseline, so this file needs no ISA flags), the rest one by one.
   for (std::size_t panel = 0; panel < panels; ++panel, packed += panel_floats) {
     const std::size_t lanes = std::min(width, count - panel * width);
-    for (std::size_t lane = 0; lane < width; ++lane) {
-      if (lane < lanes) {
-        const float* source =
-            &view.data[(outer0 + panel * width + lane) * view.outer_stride + k0 * view.inner_stride];
-        for (std::size_t k = 0; k < depth; ++k) packed[k * width + lane] = source[k * view.inner_stride];
-      } else {
-        for (std::size_t k = 0; k < depth; ++k) packed[k * width + lane] = 0.0f;
+    auto lane_source = [&](std::size_t lane) {
+      return &view.data[(outer0 + panel * width + lane) * view.outer_stride + k0];
+    };
+    std::size_t lane = 0;
+    for (; lane + 4 <= lanes; lane += 4) {
+      const float* rows[4] = {lane_source(lane), lane_source(lane + 1), lane_source(lane + 2), lane_source(lane + 3)};
+      std::size_t k = 0;
+      for (; k + 4 <= depth; k += 4) {
+        __m128 r0 = _mm_loadu_ps(rows[0] + k), r1 = _mm_loadu_ps(rows[1] + k);
+        __m128 r2 = _mm_loadu_ps(rows[2] + k), r3 = _mm_loadu_ps(rows[3] + k);
+        _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+        _mm_storeu_ps(packed + (k + 0) * width + lane, r0);
+        _mm_storeu_ps(packed + (k + 1) * width + lane, r1);
+        _mm_storeu_ps(packed + (k + 2) * width + lane, r2);
+        _mm_storeu_ps(packed + (k + 3) * width + lane, r3);
       }
+      for (; k < depth; ++k)
+        for (std::size_t j = 0; j < 4; ++j) packed[k * width + lane + j] = rows[j][k];
+    }
+    for (; lane < width; ++lane) {
+      const float* source = lane < lanes ? lane_source(lane) : nullptr;
+      for (std::size_t k = 0; k < depth; ++k) packed[k * width + lane] = source != nullptr ? source[k] : 0.0f;
     }
   }
 }
