@@ -25,11 +25,10 @@ void s2_prefill_gqa_causal(benchmark::State& state) {
   tbb::task_arena arena(int(state.range(0)));
   for (auto _ : state) {
     arena.execute([&] {
-      kvhead::scaled_dot_product_attention(dims, view::bhsd(q.data(), heads, tokens, head_dim),
-                                           view::bhsd(k.data(), kv_heads, tokens, head_dim),
-                                           view::bhsd(v.data(), kv_heads, tokens, head_dim),
-                                           kvhead::head_tensor<float>::bhsd(out.data(), heads, tokens, head_dim),
-                                           options);
+      kvhead::scaled_dot_product_attention(
+          dims, view::bhsd(q.data(), heads, tokens, head_dim), view::bhsd(k.data(), kv_heads, tokens, head_dim),
+          view::bhsd(v.data(), kv_heads, tokens, head_dim),
+          kvhead::head_tensor<float>::bhsd(out.data(), heads, tokens, head_dim), options);
     });
     benchmark::DoNotOptimize(out.data());
   }
@@ -45,9 +44,9 @@ void s3_mha_layer(benchmark::State& state) {
   const auto wk = kvhead::bench::random_floats(d_model * d_model, 2, -weight_scale, weight_scale);
   const auto wv = kvhead::bench::random_floats(d_model * d_model, 3, -weight_scale, weight_scale);
   const auto wo = kvhead::bench::random_floats(d_model * d_model, 4, -weight_scale, weight_scale);
-  const kvhead::attention_layer layer({heads, heads, head_dim, d_model, {}, false, 0.0},
-                                      {{wq.data(), nullptr}, {wk.data(), nullptr}, {wv.data(), nullptr},
-                                       {wo.data(), nullptr}});
+  const kvhead::attention_layer layer(
+      {heads, heads, head_dim, d_model, {}, false, 0.0},
+      {{wq.data(), nullptr}, {wk.data(), nullptr}, {wv.data(), nullptr}, {wo.data(), nullptr}});
   const auto x = kvhead::bench::random_floats(batch * seq * d_model, 5);
   std::vector<float> y(x.size());
   tbb::task_arena arena(int(state.range(0)));

@@ -110,8 +110,14 @@ void decode_block_size(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(decode_block_size)->Name("decode_block_size")->ArgNames({"block", "threads"})
-    ->Args({32, 1})->Args({64, 1})->Args({128, 1})->Args({256, 1})->UseRealTime();
+BENCHMARK(decode_block_size)
+    ->Name("decode_block_size")
+    ->ArgNames({"block", "threads"})
+    ->Args({32, 1})
+    ->Args({64, 1})
+    ->Args({128, 1})
+    ->Args({256, 1})
+    ->UseRealTime();
 BENCHMARK(s1_decode_gqa)->Name("S1_decode_gqa")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(s4_decode_mqa)->Name("S4_decode_mqa")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(s5_decode_ragged16)->Name("S5_decode_ragged16")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();

@@ -16,11 +16,14 @@ struct gemm_inputs {
   std::size_t m, n, k;
   std::vector<float> a, b, c;
   explicit gemm_inputs(const benchmark::State& state)
-      : m(std::size_t(state.range(0))), n(std::size_t(state.range(1))), k(std::size_t(state.range(2))),
-        a(kvhead::bench::random_floats(m * k, 1)), b(kvhead::bench::random_floats(k * n, 2)), c(m * n) {}
+      : m(std::size_t(state.range(0))),
+        n(std::size_t(state.range(1))),
+        k(std::size_t(state.range(2))),
+        a(kvhead::bench::random_floats(m * k, 1)),
+        b(kvhead::bench::random_floats(k * n, 2)),
+        c(m * n) {}
   void report(benchmark::State& state) const {
-    kvhead::bench::set_rates(state, 2.0 * double(m) * double(n) * double(k),
-                             4.0 * double(m * k + k * n + m * n));
+    kvhead::bench::set_rates(state, 2.0 * double(m) * double(n) * double(k), 4.0 * double(m * k + k * n + m * n));
   }
 };
 
@@ -29,8 +32,8 @@ void gemm_kvhead(benchmark::State& state) {
   tbb::task_arena arena(int(state.range(3)));
   for (auto _ : state) {
     arena.execute([&] {
-      gemm({in.m, in.n, in.k}, 1.0f, {in.a.data(), in.k, transpose::no}, {in.b.data(), in.n, transpose::no},
-           0.0f, in.c.data(), in.n);
+      gemm({in.m, in.n, in.k}, 1.0f, {in.a.data(), in.k, transpose::no}, {in.b.data(), in.n, transpose::no}, 0.0f,
+           in.c.data(), in.n);
     });
     benchmark::DoNotOptimize(in.c.data());
   }
@@ -42,7 +45,9 @@ void gemm_prepacked(benchmark::State& state) {
   const packed_b packed(in.k, in.n, {in.b.data(), in.n, transpose::no});
   tbb::task_arena arena(int(state.range(3)));
   for (auto _ : state) {
-    arena.execute([&] { gemm({in.m, in.n, in.k}, 1.0f, {in.a.data(), in.k, transpose::no}, packed.view(), 0.0f, in.c.data(), in.n); });
+    arena.execute([&] {
+      gemm({in.m, in.n, in.k}, 1.0f, {in.a.data(), in.k, transpose::no}, packed.view(), 0.0f, in.c.data(), in.n);
+    });
     benchmark::DoNotOptimize(in.c.data());
   }
   in.report(state);

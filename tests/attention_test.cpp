@@ -74,12 +74,13 @@ sdpa_data make_data(const sdpa_setup& setup, std::mt19937& generator) {
   return data;
 }
 
-kvhead::engine::attention_problem make_problem(const sdpa_setup& setup, const sdpa_data& data,
-                                               std::vector<float>& out, simd_path path) {
+kvhead::engine::attention_problem make_problem(const sdpa_setup& setup, const sdpa_data& data, std::vector<float>& out,
+                                               simd_path path) {
   const attention_dims& d = setup.dims;
   out.assign(d.batch * d.num_heads * d.q_len * d.head_dim, std::numeric_limits<float>::quiet_NaN());
-  head_tensor<float> out_view = setup.bshd_layout ? head_tensor<float>::bshd(out.data(), d.num_heads, d.q_len, d.head_dim)
-                                                  : head_tensor<float>::bhsd(out.data(), d.num_heads, d.q_len, d.head_dim);
+  head_tensor<float> out_view = setup.bshd_layout
+                                    ? head_tensor<float>::bshd(out.data(), d.num_heads, d.q_len, d.head_dim)
+                                    : head_tensor<float>::bhsd(out.data(), d.num_heads, d.q_len, d.head_dim);
   return {d,
           data.q_view,
           data.k_view,
@@ -99,13 +100,12 @@ kvhead::engine::attention_problem make_problem(const sdpa_setup& setup, const sd
 //   probability  relative error <= 2 ds + 4 u S (rounding of s - max)
 //                 + (4 n + 8 chunks + 16) u (exp, the sums, merges, normalization);
 //   output       |o - ref| <= max|v| * that (sum_j p_j = 1).
-double bound(const kvhead::reference::sdpa_result& ref, std::size_t row, std::size_t head_dim,
-             std::size_t kv_len) {
+double bound(const kvhead::reference::sdpa_result& ref, std::size_t row, std::size_t head_dim, std::size_t kv_len) {
   const double score = ref.score_magnitude[row];
   const double chunks = double(kv_len / kvhead::engine::kv_chunk + 1);
   const double score_error = (2.0 * double(head_dim) + 6.0) * unit_roundoff * (score + 2.0);
-  const double relative = 2.0 * score_error + 4.0 * unit_roundoff * score +
-                          (4.0 * double(kv_len) + 8.0 * chunks + 16.0) * unit_roundoff;
+  const double relative =
+      2.0 * score_error + 4.0 * unit_roundoff * score + (4.0 * double(kv_len) + 8.0 * chunks + 16.0) * unit_roundoff;
   return ref.value_magnitude[row] * relative + 1e-30;
 }
 
@@ -119,10 +119,10 @@ void check_sdpa(const sdpa_setup& setup, simd_path path, std::mt19937& generator
   auto strided = [](head_tensor<const float> view) {
     return kvhead::reference::strided4{view.data, view.batch_stride, view.head_stride, view.seq_stride};
   };
-  const auto ref = kvhead::reference::sdpa(
-      {d.batch, d.num_heads, d.num_kv_heads, d.q_len, d.kv_len, d.head_dim, problem.scale, setup.causal,
-       data.q_offset, problem.valid_len, problem.additive_mask},
-      strided(data.q_view), strided(data.k_view), strided(data.v_view));
+  const auto ref =
+      kvhead::reference::sdpa({d.batch, d.num_heads, d.num_kv_heads, d.q_len, d.kv_len, d.head_dim, problem.scale,
+                               setup.causal, data.q_offset, problem.valid_len, problem.additive_mask},
+                              strided(data.q_view), strided(data.k_view), strided(data.v_view));
 
   std::size_t failures = 0;
   double worst = 0.0;
@@ -130,8 +130,8 @@ void check_sdpa(const sdpa_setup& setup, simd_path path, std::mt19937& generator
     for (std::size_t h = 0; h < d.num_heads; ++h)
       for (std::size_t i = 0; i < d.q_len; ++i) {
         const std::size_t row = (b * d.num_heads + h) * d.q_len + i;
-        const float* got = problem.out.data + b * problem.out.batch_stride + h * problem.out.head_stride +
-                           i * problem.out.seq_stride;
+        const float* got =
+            problem.out.data + b * problem.out.batch_stride + h * problem.out.head_stride + i * problem.out.seq_stride;
         const double tolerance = bound(ref, row, d.head_dim, d.kv_len);
         for (std::size_t e = 0; e < d.head_dim; ++e) {
           const double error = std::fabs(double(got[e]) - ref.out[row * d.head_dim + e]);
@@ -238,7 +238,9 @@ TEST_CASE("attention: probabilities on request, the output unchanged bit for bit
   const attention_dims& d = setup.dims;
   std::vector<float> plain(d.batch * d.num_heads * d.q_len * d.head_dim), with(plain.size());
   std::vector<float> probabilities(d.batch * d.num_heads * d.q_len * d.kv_len);
-  auto out_view = [&](std::vector<float>& out) { return head_tensor<float>::bhsd(out.data(), d.num_heads, d.q_len, d.head_dim); };
+  auto out_view = [&](std::vector<float>& out) {
+    return head_tensor<float>::bhsd(out.data(), d.num_heads, d.q_len, d.head_dim);
+  };
   kvhead::scaled_dot_product_attention(d, data.q_view, data.k_view, data.v_view, out_view(plain), options);
   options.probabilities = probabilities.data();
   kvhead::scaled_dot_product_attention(d, data.q_view, data.k_view, data.v_view, out_view(with), options);
@@ -256,10 +258,12 @@ TEST_CASE("attention rejects bad arguments with a message naming them") {
   std::vector<float> q(64), out(64);
   auto view = [](std::vector<float>& x) { return head_tensor<float>::bhsd(x.data(), 2, 2, 4); };
   auto cview = [](const std::vector<float>& x) { return head_tensor<const float>::bhsd(x.data(), 2, 2, 4); };
-  CHECK_THROWS_WITH_AS(kvhead::scaled_dot_product_attention({1, 3, 2, 2, 2, 4}, cview(q), cview(q), cview(q), view(out)),
-                       doctest::Contains("not a multiple of num_kv_heads"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(kvhead::scaled_dot_product_attention({1, 2, 2, 2, 2, 0}, cview(q), cview(q), cview(q), view(out)),
-                       doctest::Contains("head_dim"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      kvhead::scaled_dot_product_attention({1, 3, 2, 2, 2, 4}, cview(q), cview(q), cview(q), view(out)),
+      doctest::Contains("not a multiple of num_kv_heads"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      kvhead::scaled_dot_product_attention({1, 2, 2, 2, 2, 0}, cview(q), cview(q), cview(q), view(out)),
+      doctest::Contains("head_dim"), std::invalid_argument);
   kvhead::attention_options causal;
   causal.causal = true;
   CHECK_THROWS_WITH_AS(
@@ -312,9 +316,9 @@ TEST_CASE("attention: a query whose own values are NaN gives NaN, not zeros") {
     kvhead::attention_options options;
     options.causal = causal;
     using view = head_tensor<const float>;
-    kvhead::scaled_dot_product_attention({1, 1, 1, 2, 2, 2}, view::bhsd(q.data(), 1, 2, 2), view::bhsd(k.data(), 1, 2, 2),
-                                         view::bhsd(v.data(), 1, 2, 2), head_tensor<float>::bhsd(out.data(), 1, 2, 2),
-                                         options);
+    kvhead::scaled_dot_product_attention({1, 1, 1, 2, 2, 2}, view::bhsd(q.data(), 1, 2, 2),
+                                         view::bhsd(k.data(), 1, 2, 2), view::bhsd(v.data(), 1, 2, 2),
+                                         head_tensor<float>::bhsd(out.data(), 1, 2, 2), options);
     CHECK(std::isfinite(out[0]));
     CHECK(std::isnan(out[2]));
     CHECK(std::isnan(out[3]));
@@ -355,7 +359,8 @@ TEST_CASE("attention: the fastest reduction order stays within rounding of the f
     const auto problem = make_problem(setup, data, fastest, kvhead::active_simd_path());
     tbb::task_arena arena(threads);
     arena.execute([&] { kvhead::engine::flash_attention(problem); });
-    for (std::size_t i = 0; i < fixed.size(); ++i) CHECK(std::fabs(fastest[i] - fixed[i]) <= 1e-5f * (1.0f + std::fabs(fixed[i])));
+    for (std::size_t i = 0; i < fixed.size(); ++i)
+      CHECK(std::fabs(fastest[i] - fixed[i]) <= 1e-5f * (1.0f + std::fabs(fixed[i])));
   }
   kvhead::set_reduction_order(kvhead::reduction_order::fixed);
   CHECK(kvhead::current_reduction_order() == kvhead::reduction_order::fixed);

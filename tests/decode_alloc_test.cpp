@@ -25,8 +25,8 @@ TEST_CASE("decode alloc: single-token steps over the cache allocate nothing afte
     return values;
   };
   const auto wq = random(128 * 64), wk = random(32 * 64), wv = random(32 * 64), wo = random(64 * 128);
-  const kvhead::attention_layer layer(config, {{wq.data(), nullptr}, {wk.data(), nullptr}, {wv.data(), nullptr},
-                                               {wo.data(), nullptr}});
+  const kvhead::attention_layer layer(
+      config, {{wq.data(), nullptr}, {wk.data(), nullptr}, {wv.data(), nullptr}, {wo.data(), nullptr}});
   constexpr std::size_t layers = 2, batch = 3;
   kvhead::kv_cache_config cache_config;
   cache_config.num_layers = layers;
@@ -44,7 +44,8 @@ TEST_CASE("decode alloc: single-token steps over the cache allocate nothing afte
     auto decode = [&](int steps) {
       for (int t = 0; t < steps; ++t) {
         for (const auto& item : step) cache.append(item.sequence, 1);
-        for (std::size_t l = 0; l < layers; ++l) arena.execute([&] { layer.forward(cache, l, step, x.data(), y.data()); });
+        for (std::size_t l = 0; l < layers; ++l)
+          arena.execute([&] { layer.forward(cache, l, step, x.data(), y.data()); });
         x.swap(y);
       }
     };

@@ -45,7 +45,8 @@ struct layer_fixture : layer_weights {
   kvhead::attention_layer layer;
   explicit layer_fixture(const kvhead::attention_config& c, unsigned seed = 3)
       : layer_weights(c, seed),
-        layer(config, {{wq.data(), bq.data()}, {wk.data(), bk.data()}, {wv.data(), bv.data()}, {wo.data(), bo.data()}}) {}
+        layer(config,
+              {{wq.data(), bq.data()}, {wk.data(), bk.data()}, {wv.data(), bv.data()}, {wo.data(), bo.data()}}) {}
 
   // The reference: the cache-free causal forward of each whole sequence.
   std::vector<float> full(const std::vector<float>& x, std::size_t seq) const {
@@ -73,7 +74,9 @@ std::vector<float> concat_rows(const std::vector<float>& a, const std::vector<fl
   return rows;
 }
 
-bool same_bits(const float* a, const float* b, std::size_t count) { return std::memcmp(a, b, count * sizeof(float)) == 0; }
+bool same_bits(const float* a, const float* b, std::size_t count) {
+  return std::memcmp(a, b, count * sizeof(float)) == 0;
+}
 
 const kvhead::attention_config gqa_rope{8, 2, 16, 48, {}, true, 10000.0};
 
@@ -170,8 +173,7 @@ TEST_CASE("decode: a forked sequence that diverges equals running it from scratc
   for (std::size_t t = 0; t < tail; ++t) {  // interleaved single steps on both branches
     cache.append(a, 1);
     cache.append(b, 1);
-    f.layer.forward(cache, 0, {{a, 1}, {b, 1}},
-                    concat_rows(tail_a, tail_b, t, d_model).data(), scratch.data());
+    f.layer.forward(cache, 0, {{a, 1}, {b, 1}}, concat_rows(tail_a, tail_b, t, d_model).data(), scratch.data());
     std::copy(scratch.begin(), scratch.begin() + d_model, out_a.begin() + t * d_model);
     std::copy(scratch.begin() + d_model, scratch.begin() + 2 * d_model, out_b.begin() + t * d_model);
   }
@@ -211,8 +213,8 @@ TEST_CASE("decode: bad calls are rejected before anything is written") {
   kvhead::kv_cache other = make_cache({8, 4, 16, 48, {}, true, 0.0}, 32);
   const kvhead::sequence_id other_id = other.create();
   other.append(other_id, 1);
-  CHECK_THROWS_WITH_AS(f.layer.forward(other, 0, {{other_id, 1}}, x.data(), y.data()),
-                       doctest::Contains("kv heads"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(f.layer.forward(other, 0, {{other_id, 1}}, x.data(), y.data()), doctest::Contains("kv heads"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("set_num_threads: calls run in an arena of that size, with the same bits") {

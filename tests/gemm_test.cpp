@@ -63,12 +63,11 @@ void check_case(const gemm_case& test, simd_path path, std::mt19937& generator) 
   operands data = make_operands(test, generator);
   const std::vector<float> old_c = data.c;
   const auto reference =
-      kvhead::reference::gemm(test.m, test.n, test.k, test.alpha, data.a.data(), data.lda, test.trans_a,
-                              data.b.data(), data.ldb, test.trans_b, test.beta, old_c.data(), data.ldc);
-  gemm({test.m, test.n, test.k}, test.alpha,
-       {data.a.data(), data.lda, test.trans_a ? transpose::yes : transpose::no},
-       {data.b.data(), data.ldb, test.trans_b ? transpose::yes : transpose::no}, test.beta, data.c.data(),
-       data.ldc, path);
+      kvhead::reference::gemm(test.m, test.n, test.k, test.alpha, data.a.data(), data.lda, test.trans_a, data.b.data(),
+                              data.ldb, test.trans_b, test.beta, old_c.data(), data.ldc);
+  gemm({test.m, test.n, test.k}, test.alpha, {data.a.data(), data.lda, test.trans_a ? transpose::yes : transpose::no},
+       {data.b.data(), data.ldb, test.trans_b ? transpose::yes : transpose::no}, test.beta, data.c.data(), data.ldc,
+       path);
   std::size_t failures = 0;
   for (std::size_t i = 0; i < test.m; ++i) {
     for (std::size_t j = 0; j < data.ldc; ++j) {
@@ -106,8 +105,8 @@ TEST_CASE("gemm matches the double reference over awkward shapes, on every SIMD 
     const std::vector<float> alphas = {1.0f, -0.5f, 2.5f};
     const std::vector<float> betas = {0.0f, 1.0f, 0.75f};
     for (int sample = 0; sample < 160; ++sample) {
-      gemm_case test{pick(sizes), pick(sizes), pick(sizes), bool(generator() & 1), bool(generator() & 1),
-                     generator() % 3, generator() % 3, generator() % 3, pick(alphas), pick(betas)};
+      gemm_case test{pick(sizes),     pick(sizes),     pick(sizes),     bool(generator() & 1), bool(generator() & 1),
+                     generator() % 3, generator() % 3, generator() % 3, pick(alphas),          pick(betas)};
       if (test.m * test.n * test.k > 6'000'000) test.k = 1 + test.k % 61;  // keep the reference fast
       check_case(test, path, generator);
     }
@@ -141,18 +140,18 @@ TEST_CASE("gemm edge semantics: empty shapes, k = 0, beta = 0 overwrites NaN") {
 
 TEST_CASE("gemm rejects bad arguments with a message naming them") {
   std::vector<float> a(12), b(12), c(12);
-  CHECK_THROWS_WITH_AS(gemm({3, 4, 4}, 1.0f, {a.data(), 3, transpose::no}, {b.data(), 4, transpose::no}, 0.0f,
-                            c.data(), 4),
-                       doctest::Contains("leading dimension of A"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(gemm({3, 4, 3}, 1.0f, {a.data(), 3, transpose::no}, {b.data(), 2, transpose::yes}, 0.0f,
-                            c.data(), 4),
-                       doctest::Contains("leading dimension of B"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(gemm({3, 4, 3}, 1.0f, {a.data(), 3, transpose::no}, {b.data(), 4, transpose::no}, 0.0f,
-                            c.data(), 3),
-                       doctest::Contains("ldc"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(gemm({3, 4, 3}, 1.0f, {nullptr, 3, transpose::no}, {b.data(), 4, transpose::no}, 0.0f,
-                            c.data(), 4),
-                       doctest::Contains("A is null"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      gemm({3, 4, 4}, 1.0f, {a.data(), 3, transpose::no}, {b.data(), 4, transpose::no}, 0.0f, c.data(), 4),
+      doctest::Contains("leading dimension of A"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      gemm({3, 4, 3}, 1.0f, {a.data(), 3, transpose::no}, {b.data(), 2, transpose::yes}, 0.0f, c.data(), 4),
+      doctest::Contains("leading dimension of B"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      gemm({3, 4, 3}, 1.0f, {a.data(), 3, transpose::no}, {b.data(), 4, transpose::no}, 0.0f, c.data(), 3),
+      doctest::Contains("ldc"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      gemm({3, 4, 3}, 1.0f, {nullptr, 3, transpose::no}, {b.data(), 4, transpose::no}, 0.0f, c.data(), 4),
+      doctest::Contains("A is null"), std::invalid_argument);
 }
 
 TEST_CASE("gemm determinism: a row of C is bit-identical for any m, thread count, or pre-packed B") {
@@ -169,9 +168,7 @@ TEST_CASE("gemm determinism: a row of C is bit-identical for any m, thread count
     auto run = [&](std::size_t rows, const float* a_rows, int threads) {
       std::vector<float> c(rows * n);
       tbb::task_arena arena(threads);
-      arena.execute([&] {
-        gemm({rows, n, k}, 1.0f, {a_rows, k, transpose::no}, b_op, 0.0f, c.data(), n, path);
-      });
+      arena.execute([&] { gemm({rows, n, k}, 1.0f, {a_rows, k, transpose::no}, b_op, 0.0f, c.data(), n, path); });
       return c;
     };
     const std::vector<float> full = run(m, a.data(), 1);
@@ -186,8 +183,8 @@ TEST_CASE("gemm determinism: a row of C is bit-identical for any m, thread count
     gemm({m, n, k}, 1.0f, {a.data(), k, transpose::no}, packed.view(), 0.0f, c.data(), n);
     CHECK(c == full);
     // A leading block of the packed B equals the GEMM over that block unpacked.
-    for (gemm_shape block : {gemm_shape{m, n - 7, k - 5}, gemm_shape{9, config.nr + 1, config.kc + 1},
-                             gemm_shape{3, 1, 1}}) {
+    for (gemm_shape block :
+         {gemm_shape{m, n - 7, k - 5}, gemm_shape{9, config.nr + 1, config.kc + 1}, gemm_shape{3, 1, 1}}) {
       std::vector<float> from_packed(block.m * block.n), unpacked(block.m * block.n);
       gemm(block, 1.0f, {a.data(), k, transpose::no}, packed.view(), 0.0f, from_packed.data(), block.n);
       gemm(block, 1.0f, {a.data(), k, transpose::no}, b_op, 0.0f, unpacked.data(), block.n, path);

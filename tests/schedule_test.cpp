@@ -64,7 +64,8 @@ TEST_CASE("scheduler: partition of the S shapes for 16, 64 and 128 threads") {
       double covered = 0.0;
       for (const auto& task : plan.tasks) covered += task.cost;
       CHECK(covered == doctest::Approx(plan.total_cost));
-      if (threads == 64 && (std::string(shape.name).rfind("S1", 0) == 0 || std::string(shape.name).rfind("S2", 0) == 0)) {
+      if (threads == 64 &&
+          (std::string(shape.name).rfind("S1", 0) == 0 || std::string(shape.name).rfind("S2", 0) == 0)) {
         INFO(shape.name << " at 64 threads");
         CHECK(plan.tasks.size() >= 64);
         CHECK(plan.largest_share() <= 1.0 / 64.0);

@@ -22,7 +22,7 @@ namespace kvhead::engine {
 
 struct float_storage_delete {
   std::size_t alignment = 64;
-  void operator()(float* pointer) const { ::operator delete(pointer, std::align_val_t{alignment}); }
+  void operator()(float* pointer) const { ::operator delete (pointer, std::align_val_t{alignment}); }
 };
 using float_storage = std::unique_ptr<float, float_storage_delete>;
 

@@ -21,9 +21,12 @@ using sse2_arch = xsimd::sse2;
 template <class Function>
 decltype(auto) dispatch(simd_path path, Function&& function) {
   switch (path) {
-    case simd_path::avx512: return function(avx512_arch{});
-    case simd_path::avx2: return function(avx2_arch{});
-    case simd_path::sse2: break;
+    case simd_path::avx512:
+      return function(avx512_arch{});
+    case simd_path::avx2:
+      return function(avx2_arch{});
+    case simd_path::sse2:
+      break;
   }
   return function(sse2_arch{});
 }

@@ -30,14 +30,16 @@ std::uint64_t os_enabled_state() {
 bool path_runs_here(simd_path path) {
   const auto cpu = xsimd::available_architectures();
   const std::uint64_t xcr0 = os_enabled_state();
-  constexpr std::uint64_t sse_avx_state = 0b110;          // XMM, YMM upper halves
-  constexpr std::uint64_t avx512_state = 0b1110'0000;     // opmask, ZMM_Hi256, Hi16_ZMM
+  constexpr std::uint64_t sse_avx_state = 0b110;       // XMM, YMM upper halves
+  constexpr std::uint64_t avx512_state = 0b1110'0000;  // opmask, ZMM_Hi256, Hi16_ZMM
   const bool avx_enabled = (xcr0 & sse_avx_state) == sse_avx_state;
   switch (path) {
     case simd_path::avx512:
       return cpu.avx512bw && avx_enabled && (xcr0 & avx512_state) == avx512_state;
-    case simd_path::avx2: return cpu.fma3_avx2 && avx_enabled;
-    case simd_path::sse2: return true;
+    case simd_path::avx2:
+      return cpu.fma3_avx2 && avx_enabled;
+    case simd_path::sse2:
+      return true;
   }
   return false;
 }
@@ -59,12 +61,10 @@ simd_path choose_path() {
     if (name != to_string(path)) continue;
     if (!path_runs_here(path))
       throw std::runtime_error("KVHEAD_ISA=" + std::string(name) +
-                               ": this CPU (or its OS) cannot run that path; it supports " +
-                               supported_list());
+                               ": this CPU (or its OS) cannot run that path; it supports " + supported_list());
     return path;
   }
-  throw std::runtime_error("KVHEAD_ISA=" + std::string(name) +
-                           ": unknown SIMD path; use one of avx512, avx2, sse2");
+  throw std::runtime_error("KVHEAD_ISA=" + std::string(name) + ": unknown SIMD path; use one of avx512, avx2, sse2");
 }
 
 }  // namespace
@@ -73,9 +73,12 @@ const char* version() { return "0.1.0"; }
 
 const char* to_string(simd_path path) {
   switch (path) {
-    case simd_path::avx512: return "avx512";
-    case simd_path::avx2: return "avx2";
-    case simd_path::sse2: return "sse2";
+    case simd_path::avx512:
+      return "avx512";
+    case simd_path::avx2:
+      return "avx2";
+    case simd_path::sse2:
+      return "sse2";
   }
   return "unknown";
 }

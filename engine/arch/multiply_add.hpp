@@ -13,8 +13,7 @@
 namespace kvhead::engine {
 
 template <class Arch>
-inline xsimd::batch<float, Arch> multiply_add(const xsimd::batch<float, Arch>& a,
-                                              const xsimd::batch<float, Arch>& b,
+inline xsimd::batch<float, Arch> multiply_add(const xsimd::batch<float, Arch>& a, const xsimd::batch<float, Arch>& b,
                                               const xsimd::batch<float, Arch>& c) {
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<Arch, xsimd::avx512bw>) {

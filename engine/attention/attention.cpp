@@ -8,7 +8,6 @@
 #include "engine/arch/require.hpp"
 #include "engine/attention/flash_attention.hpp"
 #include "engine/attention/layer_impl.hpp"
-#include "engine/attention/rope.hpp"
 #include "engine/gemm/gemm.hpp"
 #include "engine/scheduler/arena.hpp"
 #include "kvhead/attention.hpp"
@@ -35,27 +34,31 @@ void validate_heads(const char* where, std::size_t num_heads, std::size_t num_kv
 
 }  // namespace
 
-void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q,
-                                  head_tensor<const float> k, head_tensor<const float> v,
-                                  head_tensor<float> out, const attention_options& options) {
+void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q, head_tensor<const float> k,
+                                  head_tensor<const float> v, head_tensor<float> out,
+                                  const attention_options& options) {
   validate_heads("scaled_dot_product_attention", dims.num_heads, dims.num_kv_heads, dims.head_dim);
   const bool empty_queries = dims.batch == 0 || dims.q_len == 0;
-  engine::require(empty_queries || (q.data != nullptr && out.data != nullptr), [&] { return std::string("scaled_dot_product_attention: q or out is null"); });
-  engine::require(empty_queries || dims.kv_len == 0 || (k.data != nullptr && v.data != nullptr), [&] { return std::string("scaled_dot_product_attention: k or v is null"); });
+  engine::require(empty_queries || (q.data != nullptr && out.data != nullptr),
+                  [&] { return std::string("scaled_dot_product_attention: q or out is null"); });
+  engine::require(empty_queries || dims.kv_len == 0 || (k.data != nullptr && v.data != nullptr),
+                  [&] { return std::string("scaled_dot_product_attention: k or v is null"); });
   std::size_t q_offset = 0;
   if (options.q_offset) {
     q_offset = *options.q_offset;
   } else {
-    engine::require(!options.causal || dims.q_len <= dims.kv_len, [&] { return "scaled_dot_product_attention: causal with q_len (" + std::to_string(dims.q_len) +
-                ") > kv_len (" + std::to_string(dims.kv_len) + ") needs an explicit q_offset"; });
+    engine::require(!options.causal || dims.q_len <= dims.kv_len, [&] {
+      return "scaled_dot_product_attention: causal with q_len (" + std::to_string(dims.q_len) + ") > kv_len (" +
+             std::to_string(dims.kv_len) + ") needs an explicit q_offset";
+    });
     q_offset = dims.q_len <= dims.kv_len ? dims.kv_len - dims.q_len : 0;
   }
   if (options.valid_len != nullptr)
     for (std::size_t b = 0; b < dims.batch; ++b)
-      engine::require(options.valid_len[b] <= dims.kv_len, [&] { return "scaled_dot_product_attention: valid_len[" +
-                                                        std::to_string(b) + "] (" +
-                                                        std::to_string(options.valid_len[b]) +
-                                                        ") exceeds kv_len (" + std::to_string(dims.kv_len) + ")"; });
+      engine::require(options.valid_len[b] <= dims.kv_len, [&] {
+        return "scaled_dot_product_attention: valid_len[" + std::to_string(b) + "] (" +
+               std::to_string(options.valid_len[b]) + ") exceeds kv_len (" + std::to_string(dims.kv_len) + ")";
+      });
   if (empty_queries) return;
 
   const engine::attention_problem problem{dims,
@@ -88,8 +91,11 @@ attention_config validated(attention_config config) {
   if (config.num_kv_heads == 0) config.num_kv_heads = config.num_heads;
   validate_heads("attention_layer", config.num_heads, config.num_kv_heads, config.head_dim);
   engine::require(config.d_model > 0, [&] { return std::string("attention_layer: d_model must be positive"); });
-  engine::require(std::isfinite(config.rope_theta) && config.rope_theta >= 0.0, [&] { return std::string("attention_layer: rope_theta must be 0 (no RoPE) or positive"); });
-  engine::require(config.rope_theta == 0.0 || config.head_dim % 2 == 0, [&] { return "attention_layer: RoPE needs an even head_dim, got " + std::to_string(config.head_dim); });
+  engine::require(std::isfinite(config.rope_theta) && config.rope_theta >= 0.0,
+                  [&] { return std::string("attention_layer: rope_theta must be 0 (no RoPE) or positive"); });
+  engine::require(config.rope_theta == 0.0 || config.head_dim % 2 == 0, [&] {
+    return "attention_layer: RoPE needs an even head_dim, got " + std::to_string(config.head_dim);
+  });
   config.scale = resolve_scale(config.scale, config.head_dim);
   return config;
 }
@@ -121,8 +127,8 @@ attention_layer::impl::impl(const attention_config& checked, const attention_wei
       o_proj("o_proj", weights.o_proj, checked.num_heads * checked.head_dim, checked.d_model),
       rotary(checked.head_dim, checked.rope_theta) {}
 
-void attention_layer::impl::project(const float* x, std::size_t rows, const std::size_t* positions, float* q,
-                                    float* k, float* v) const {
+void attention_layer::impl::project(const float* x, std::size_t rows, const std::size_t* positions, float* q, float* k,
+                                    float* v) const {
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
   q_proj.apply(x, rows, q);
   k_proj.apply(x, rows, k);
@@ -146,7 +152,8 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
   const attention_config& config = impl_->config;
   const std::size_t rows = batch * seq;
   if (rows == 0) return;
-  engine::require(x != nullptr && y != nullptr, [&] { return std::string("attention_layer::forward: x or y is null"); });
+  engine::require(x != nullptr && y != nullptr,
+                  [&] { return std::string("attention_layer::forward: x or y is null"); });
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
   // q [rows, H d], k and v [rows, G d] (layout [batch, seq, heads, d]).
   std::vector<float> q(rows * heads * head_dim), k(rows * kv_heads * head_dim), v(rows * kv_heads * head_dim),

@@ -53,9 +53,7 @@ class packed_kv_source final : public kv_chunk_source {
                            problem.path);
     }
   }
-  kv_chunk_view chunk(std::size_t index, float*) const override {
-    return {keys_[index].view(), values_[index].view()};
-  }
+  kv_chunk_view chunk(std::size_t index, float*) const override { return {keys_[index].view(), values_[index].view()}; }
 
  private:
   std::vector<packed_b> keys_, values_;
@@ -92,8 +90,8 @@ struct tile_scratch {
         assembly(source.assembly_floats()) {
     for (std::size_t i = 0; i < tile.positions; ++i)
       for (std::size_t r = 0; r < tile.group; ++r) {
-        const float* row = tile.q + (tile.kv_head * tile.group + r) * tile.q_head_stride +
-                           (tile.position0 + i) * tile.q_seq_stride;
+        const float* row =
+            tile.q + (tile.kv_head * tile.group + r) * tile.q_head_stride + (tile.position0 + i) * tile.q_seq_stride;
         std::copy(row, row + tile.head_dim, q_rows.data() + (i * tile.group + r) * tile.head_dim);
       }
   }
@@ -101,8 +99,8 @@ struct tile_scratch {
 
 // 2. Chunk `chunk`'s partial of every row: (max, sum) and acc [rows x d].
 // Rows that see no key of the chunk are left as they are (never merged).
-void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, std::size_t chunk,
-                   tile_scratch& scratch, float* partial) {
+void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, std::size_t chunk, tile_scratch& scratch,
+                   float* partial) {
   const std::size_t group = tile.group, head_dim = tile.head_dim, positions = tile.positions;
   const std::size_t rows = positions * group, key0 = chunk * kv_chunk;
   const std::size_t width = std::min(kv_chunk, tile.visible_end(tile.position0 + positions - 1) - key0);
@@ -160,9 +158,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
 }
 
 // A partial of every row of a tile: max [rows], sum [rows], then acc [rows x d].
-std::size_t partial_floats(const attention_tile& tile) {
-  return tile.positions * tile.group * (tile.head_dim + 2);
-}
+std::size_t partial_floats(const attention_tile& tile) { return tile.positions * tile.group * (tile.head_dim + 2); }
 
 // A range of a tile's rows (row = position * R + head in group).
 struct row_range {
@@ -180,8 +176,7 @@ void clear_partial(const attention_tile& tile, float* partial, row_range range) 
 }
 
 // 3. Merges chunk `chunk`'s partial into the running one, row by row.
-void merge_into(const attention_tile& tile, std::size_t chunk, float* running, const float* partial,
-                row_range range) {
+void merge_into(const attention_tile& tile, std::size_t chunk, float* running, const float* partial, row_range range) {
   const std::size_t rows = tile.positions * tile.group;
   for (std::size_t row = range.begin; row < range.end; ++row) {
     if (visible_in_chunk(tile, chunk, row / tile.group) == 0) continue;
@@ -327,8 +322,8 @@ void flash_attention(const attention_problem& problem) {
   for (std::size_t t = 0; t < tiles.size(); ++t)
     keys_seen[source_index[t]] = std::max(keys_seen[source_index[t]], tiles[t].visible_end(dims.q_len - 1));
   run_indices(sources.size(), [&](std::size_t index) {
-    sources[index] = std::make_unique<packed_kv_source>(problem, index / dims.num_kv_heads,
-                                                        index % dims.num_kv_heads, keys_seen[index]);
+    sources[index] = std::make_unique<packed_kv_source>(problem, index / dims.num_kv_heads, index % dims.num_kv_heads,
+                                                        keys_seen[index]);
   });
   // 2-4. Every tile, as the scheduler cuts them.
   std::vector<const kv_chunk_source*> tile_sources;

@@ -6,7 +6,8 @@ namespace kvhead::engine {
 
 rope::rope(std::size_t head_dim, double theta) {
   if (theta == 0.0) return;
-  for (std::size_t i = 0; i < head_dim / 2; ++i) inv_freq_.push_back(std::pow(theta, -2.0 * double(i) / double(head_dim)));
+  for (std::size_t i = 0; i < head_dim / 2; ++i)
+    inv_freq_.push_back(std::pow(theta, -2.0 * double(i) / double(head_dim)));
 }
 
 void rope::apply(float* x, std::size_t heads, std::size_t head_stride, std::size_t position) const {

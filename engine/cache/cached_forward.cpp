@@ -44,8 +44,9 @@ class cache_kv_source final : public kv_chunk_source {
         config_(gemm_config_for(path)) {}
 
   std::size_t assembly_floats() const override {
-    return block_size_ == kv_chunk ? 0 : packed_b_floats(config_, head_dim_, kv_chunk) +
-                                             packed_b_floats(config_, kv_chunk, head_dim_);
+    return block_size_ == kv_chunk
+               ? 0
+               : packed_b_floats(config_, head_dim_, kv_chunk) + packed_b_floats(config_, kv_chunk, head_dim_);
   }
 
   kv_chunk_view chunk(std::size_t index, float* scratch) const override {
@@ -155,9 +156,9 @@ void cached_attention(const kv_cache& cache, std::size_t layer, const std::vecto
     for (std::size_t kv_head = 0; kv_head < kv_heads; ++kv_head) {
       const cache_kv_source& source = work->sources.emplace_back(cache, e.table, e.length, layer, kv_head, path);
       for (std::size_t p = 0; p < e.length - e.past; p += tile_rows) {
-        tiles.push_back({q + e.row0 * row_stride, head_dim, row_stride, out + e.row0 * row_stride, head_dim,
-                         row_stride, kv_head, group, head_dim, p, std::min(tile_rows, e.length - e.past - p), e.past,
-                         e.length, true, nullptr, 0, scale, path});
+        tiles.push_back({q + e.row0 * row_stride, head_dim, row_stride, out + e.row0 * row_stride, head_dim, row_stride,
+                         kv_head, group, head_dim, p, std::min(tile_rows, e.length - e.past - p), e.past, e.length,
+                         true, nullptr, 0, scale, path});
         work->tile_sources.push_back(&source);
       }
     }

@@ -65,7 +65,7 @@ struct kv_cache::impl {
 
   // Guarded by mutex.
   mutable std::mutex mutex;
-  std::vector<std::size_t> references;  // per block; 0 = free
+  std::vector<std::size_t> references;   // per block; 0 = free
   std::vector<std::uint32_t> free_list;  // stack of free blocks, capacity total_blocks
   std::unordered_map<sequence_id, sequence> sequences;
   sequence_id next_id = 1;
@@ -113,12 +113,9 @@ struct kv_cache::impl {
 };
 
 kv_cache::impl::impl(const kv_cache_config& requested) : config(requested) {
-  if (config.num_layers == 0)
-    throw std::invalid_argument("kv_cache_config.num_layers must be at least 1");
-  if (config.num_kv_heads == 0)
-    throw std::invalid_argument("kv_cache_config.num_kv_heads must be at least 1");
-  if (config.head_dim == 0)
-    throw std::invalid_argument("kv_cache_config.head_dim must be at least 1");
+  if (config.num_layers == 0) throw std::invalid_argument("kv_cache_config.num_layers must be at least 1");
+  if (config.num_kv_heads == 0) throw std::invalid_argument("kv_cache_config.num_kv_heads must be at least 1");
+  if (config.head_dim == 0) throw std::invalid_argument("kv_cache_config.head_dim must be at least 1");
   if (config.block_size == 0) config.block_size = kv_cache_default_block_size;
   const std::size_t block_size = config.block_size;
   if (block_size < 32 || block_size > 256 || (block_size & (block_size - 1)) != 0)
@@ -126,8 +123,7 @@ kv_cache::impl::impl(const kv_cache_config& requested) : config(requested) {
                                 std::to_string(kv_cache_default_block_size) + "), got " +
                                 std::to_string(requested.block_size));
 
-  const char* too_large =
-      "kv_cache_config: num_layers * num_kv_heads * head_dim too large (block_bytes overflows)";
+  const char* too_large = "kv_cache_config: num_layers * num_kv_heads * head_dim too large (block_bytes overflows)";
   if (config.head_dim > std::numeric_limits<std::size_t>::max() - (row_multiple - 1))
     throw std::invalid_argument(too_large);
   const std::size_t padded_dim = ceil_div(config.head_dim, row_multiple) * row_multiple;
@@ -176,8 +172,7 @@ void kv_cache::append(sequence_id id, std::size_t tokens) {
   std::unique_lock lock(cache.mutex);
   impl::sequence& sequence = cache.find(id, "append");
   if (tokens == 0)
-    throw kv_cache_error("kv_cache::append: 0 tokens for sequence " + std::to_string(id) +
-                         " (append at least 1)");
+    throw kv_cache_error("kv_cache::append: 0 tokens for sequence " + std::to_string(id) + " (append at least 1)");
   const std::size_t length = sequence.length;
   if (tokens > std::numeric_limits<std::size_t>::max() - length)
     throw kv_cache_error("kv_cache::append: sequence " + std::to_string(id) + " of length " + std::to_string(length) +
@@ -186,8 +181,8 @@ void kv_cache::append(sequence_id id, std::size_t tokens) {
   const std::size_t entries = ceil_div(new_length, block_size);
   if (entries > cache.total_blocks)
     throw kv_cache_error("kv_cache::append: out of capacity: sequence " + std::to_string(id) + " of length " +
-                         std::to_string(length) + " + " + std::to_string(tokens) + " tokens needs " + std::to_string(entries) +
-                         " blocks, the cache has " + std::to_string(cache.total_blocks));
+                         std::to_string(length) + " + " + std::to_string(tokens) + " tokens needs " +
+                         std::to_string(entries) + " blocks, the cache has " + std::to_string(cache.total_blocks));
 
   // Table room first, outside the lock: the sequence is ours (contract).
   if (sequence.blocks.capacity() < entries) {
@@ -204,8 +199,8 @@ void kv_cache::append(sequence_id id, std::size_t tokens) {
     throw kv_cache_error("kv_cache::append: out of capacity: sequence " + std::to_string(id) + " of length " +
                          std::to_string(length) + " + " + std::to_string(tokens) + " tokens needs " +
                          std::to_string(wanted) + " free blocks (" + std::to_string(fresh) + " new" +
-                         (copy ? " + 1 copy-on-write" : "") + "), " + std::to_string(cache.free_list.size()) +
-                         " of " + std::to_string(cache.total_blocks) + " free");
+                         (copy ? " + 1 copy-on-write" : "") + "), " + std::to_string(cache.free_list.size()) + " of " +
+                         std::to_string(cache.total_blocks) + " free");
 
   // Nothing below throws.
   std::uint32_t shared = 0, target = 0;
@@ -292,8 +287,7 @@ std::size_t kv_cache::bytes_in_use() const { return (total_blocks() - free_block
 
 namespace engine {
 
-const std::uint32_t* kv_cache_internals::block_table(const kv_cache& cache, sequence_id sequence,
-                                                     std::size_t* count) {
+const std::uint32_t* kv_cache_internals::block_table(const kv_cache& cache, sequence_id sequence, std::size_t* count) {
   assert(count != nullptr);
   const std::lock_guard lock(cache.impl_->mutex);
   const auto& blocks = cache.impl_->find(sequence, "block_table").blocks;
@@ -301,9 +295,7 @@ const std::uint32_t* kv_cache_internals::block_table(const kv_cache& cache, sequ
   return blocks.data();
 }
 
-float* kv_cache_internals::block_data(kv_cache& cache, std::uint32_t block) {
-  return cache.impl_->block(block);
-}
+float* kv_cache_internals::block_data(kv_cache& cache, std::uint32_t block) { return cache.impl_->block(block); }
 
 const float* kv_cache_internals::block_data(const kv_cache& cache, std::uint32_t block) {
   return cache.impl_->block(block);

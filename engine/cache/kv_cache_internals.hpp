@@ -30,8 +30,7 @@ namespace kvhead::engine {
 struct kv_cache_internals {
   /// The sequence's block table (block indices into the pool) and, in
   /// *count, its length. Throws kv_cache_error for an unknown or freed id.
-  static const std::uint32_t* block_table(const kv_cache& cache, sequence_id sequence,
-                                          std::size_t* count);
+  static const std::uint32_t* block_table(const kv_cache& cache, sequence_id sequence, std::size_t* count);
   /// Start of block `block` (< total_blocks()): block_bytes() / 4 floats.
   static float* block_data(kv_cache& cache, std::uint32_t block);
   static const float* block_data(const kv_cache& cache, std::uint32_t block);
@@ -39,8 +38,7 @@ struct kv_cache_internals {
   static std::size_t region_floats(const kv_cache& cache);
   /// Float offset within a block of the K (value == false) or V region of
   /// (layer, kv_head): ((layer * num_kv_heads + kv_head) * 2 + value) * region_floats.
-  static std::size_t region_offset(const kv_cache& cache, std::size_t layer, std::size_t kv_head,
-                                   bool value);
+  static std::size_t region_offset(const kv_cache& cache, std::size_t layer, std::size_t kv_head, bool value);
 };
 
 }  // namespace kvhead::engine

@@ -44,15 +44,14 @@ struct gemm_blocking<sse2_arch> {
 };
 
 /// The largest MR x NR tile of any path (for edge tiles kept on the stack).
-inline constexpr std::size_t max_tile_floats = gemm_blocking<avx512_arch>::mr *
-                                               gemm_blocking<avx512_arch>::nr;
+inline constexpr std::size_t max_tile_floats = gemm_blocking<avx512_arch>::mr * gemm_blocking<avx512_arch>::nr;
 
 /// The blocking and micro-kernel of one path, as plain run-time values for
 /// the untemplated driver.
 struct gemm_config {
   std::size_t mr, nr, mc, kc, nc;
   const microkernel_function* microkernels;  // [rows - 1], rows in 1..mr
-  const row_stream_function* row_streams;     // [rows - 1], rows in 1..row_stream_max_rows
+  const row_stream_function* row_streams;    // [rows - 1], rows in 1..row_stream_max_rows
 };
 
 gemm_config gemm_config_for(simd_path path);

@@ -11,7 +11,6 @@
 #include <stdexcept>
 #include <string>
 
-#include <tbb/blocked_range2d.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
@@ -22,9 +21,7 @@
 namespace kvhead::engine {
 namespace {
 
-std::size_t round_up(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
+std::size_t round_up(std::size_t value, std::size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
 
 void validate_operand(const char* name, gemm_operand operand, std::size_t rows, std::size_t cols) {
@@ -32,15 +29,18 @@ void validate_operand(const char* name, gemm_operand operand, std::size_t rows, 
   if (rows == 0 || cols == 0) return;
   engine::require(operand.data != nullptr, [&] { return std::string("gemm: ") + std::string(name) + " is null"; });
   const std::size_t row_length = operand.trans == transpose::no ? cols : rows;
-  engine::require(operand.ld >= row_length, [&] { return std::string("gemm: leading dimension of ") + name + " (" +
-                                        std::to_string(operand.ld) + ") is smaller than its row length (" +
-                                        std::to_string(row_length) + ")"; });
+  engine::require(operand.ld >= row_length, [&] {
+    return std::string("gemm: leading dimension of ") + name + " (" + std::to_string(operand.ld) +
+           ") is smaller than its row length (" + std::to_string(row_length) + ")";
+  });
 }
 
 void validate_c(const float* c, std::size_t ldc, std::size_t m, std::size_t n) {
   if (m == 0 || n == 0) return;
   engine::require(c != nullptr, [&] { return std::string("gemm: C is null"); });
-  engine::require(ldc >= n, [&] { return std::string("gemm: ldc (") + std::to_string(ldc) + ") is smaller than n (" + std::to_string(n) + ")"; });
+  engine::require(ldc >= n, [&] {
+    return std::string("gemm: ldc (") + std::to_string(ldc) + ") is smaller than n (" + std::to_string(n) + ")";
+  });
 }
 
 std::size_t& serial_depth() {
@@ -53,8 +53,7 @@ std::size_t& serial_depth() {
 template <class Body>
 void for_each_index(std::size_t count, double flops, const Body& body) {
   constexpr double serial_below_flops = 2e6;  // ~20 us: below this, task overhead dominates
-  if (count < 2 || flops < serial_below_flops || serial_depth() > 0 ||
-      tbb::this_task_arena::max_concurrency() < 2) {
+  if (count < 2 || flops < serial_below_flops || serial_depth() > 0 || tbb::this_task_arena::max_concurrency() < 2) {
     for (std::size_t i = 0; i < count; ++i) body(i);
     return;
   }
@@ -82,8 +81,7 @@ void run_tile(const gemm_config& config, microkernel_params params, std::size_t 
   float* const c = params.c;
   const std::size_t ldc = params.ldc;
   if (params.beta != 0.0f)
-    for (std::size_t row = 0; row < rows; ++row)
-      std::copy(c + row * ldc, c + row * ldc + cols, tile + row * config.nr);
+    for (std::size_t row = 0; row < rows; ++row) std::copy(c + row * ldc, c + row * ldc + cols, tile + row * config.nr);
   params.c = tile;
   params.ldc = config.nr;
   kernel(params);
@@ -94,9 +92,9 @@ void run_tile(const gemm_config& config, microkernel_params params, std::size_t 
 // One (JC, PC) step: C[:, col0 : col0+cols] (+)= alpha * op(A)[:, k0 : k0+depth] * block.
 // Tasks over (row block x group of NR panels), each reading its packed A
 // block (L2) against its B panels (L1).
-void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_operand a,
-                    std::size_t k0, std::size_t depth, const b_block& block, std::size_t col0,
-                    std::size_t cols, float beta, float* c, std::size_t ldc) {
+void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_operand a, std::size_t k0,
+                    std::size_t depth, const b_block& block, std::size_t col0, std::size_t cols, float beta, float* c,
+                    std::size_t ldc) {
   const std::size_t a_panels = ceil_div(m, config.mr);
   // Tasks: equal row blocks (whole MR panels, at most MC rows: the A block
   // stays in L2) times groups of NR panels. With several threads, aim for ~4
@@ -136,14 +134,9 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       const float* b_panel = packed_tail ? block.tail_panel : block.panels + panel * block.panel_stride;
       const std::size_t col = panel * config.nr;
       for (std::size_t row = row0; row < row0 + rows; row += config.mr) {
-        const microkernel_params params{a_packed.data() + row * depth,
-                                        b_panel,
-                                        packed_tail ? config.nr : block.row_stride,
-                                        depth,
-                                        alpha,
-                                        beta,
-                                        c + row * ldc + col0 + col,
-                                        ldc};
+        const microkernel_params params{
+            a_packed.data() + row * depth, b_panel, packed_tail ? config.nr : block.row_stride, depth, alpha, beta,
+            c + row * ldc + col0 + col,    ldc};
         run_tile(config, params, std::min(config.mr, m - row), std::min(config.nr, cols - col));
       }
     }
@@ -153,21 +146,20 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
 
 // The JC and PC loops; block(col0, cols, k0, depth) yields op(B)'s block.
 template <class BlockSource>
-void multiply(const gemm_config& config, std::size_t m, std::size_t n, std::size_t k, float alpha,
-              gemm_operand a, float beta, float* c, std::size_t ldc, const BlockSource& block) {
+void multiply(const gemm_config& config, std::size_t m, std::size_t n, std::size_t k, float alpha, gemm_operand a,
+              float beta, float* c, std::size_t ldc, const BlockSource& block) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     for (std::size_t row = 0; row < m; ++row)
-      for (std::size_t col = 0; col < n; ++col)
-        c[row * ldc + col] = beta == 0.0f ? 0.0f : beta * c[row * ldc + col];
+      for (std::size_t col = 0; col < n; ++col) c[row * ldc + col] = beta == 0.0f ? 0.0f : beta * c[row * ldc + col];
     return;
   }
   for (std::size_t col0 = 0; col0 < n; col0 += config.nc) {
     const std::size_t cols = std::min(config.nc, n - col0);
     for (std::size_t k0 = 0; k0 < k; k0 += config.kc) {
       const std::size_t depth = std::min(config.kc, k - k0);
-      multiply_block(config, m, alpha, a, k0, depth, block(col0, cols, k0, depth), col0, cols,
-                     k0 == 0 ? beta : 1.0f, c, ldc);
+      multiply_block(config, m, alpha, a, k0, depth, block(col0, cols, k0, depth), col0, cols, k0 == 0 ? beta : 1.0f, c,
+                     ldc);
     }
   }
 }
@@ -179,31 +171,29 @@ constexpr std::size_t in_place_b_max_rows = 48;
 // m <= row_stream_max_rows, B untransposed: stream B row by row through the
 // row-streaming kernel, columns cut into chunks whose accumulators fit in L1.
 // Covers the columns up to the last multiple of NR; the caller does the rest.
-void multiply_streaming(const gemm_config& config, gemm_shape shape, float alpha, gemm_operand a,
-                        gemm_operand b, float beta, float* c, std::size_t ldc) {
+void multiply_streaming(const gemm_config& config, gemm_shape shape, float alpha, gemm_operand a, gemm_operand b,
+                        float beta, float* c, std::size_t ldc) {
   // Accumulators of one chunk: 16 KiB, half of L1, whatever the row count.
   const std::size_t chunk_cols = std::max(config.nr, 4096 / shape.m / config.nr * config.nr);
   const std::size_t cols = shape.n / config.nr * config.nr;
   const std::size_t a_row_stride = a.trans == transpose::no ? a.ld : 1;
   const std::size_t a_k_stride = a.trans == transpose::no ? 1 : a.ld;
-  for_each_index(ceil_div(cols, chunk_cols), 2.0 * double(shape.m * cols) * double(shape.k),
-                 [&](std::size_t chunk) {
-                   const std::size_t col = chunk * chunk_cols;
-                   const std::size_t chunk_width = std::min(chunk_cols, cols - col);
-                   scratch_lease acc(shape.m * chunk_width);
-                   for (std::size_t k0 = 0; k0 < shape.k; k0 += config.kc) {
-                     config.row_streams[shape.m - 1]({a.data + k0 * a_k_stride, a_row_stride, a_k_stride,
-                                        b.data + k0 * b.ld + col, b.ld, std::min(config.kc, shape.k - k0),
-                                        chunk_width, alpha, k0 == 0 ? beta : 1.0f, c + col, ldc,
-                                        acc.data()});
-                   }
-                 });
+  for_each_index(ceil_div(cols, chunk_cols), 2.0 * double(shape.m * cols) * double(shape.k), [&](std::size_t chunk) {
+    const std::size_t col = chunk * chunk_cols;
+    const std::size_t chunk_width = std::min(chunk_cols, cols - col);
+    scratch_lease acc(shape.m * chunk_width);
+    for (std::size_t k0 = 0; k0 < shape.k; k0 += config.kc) {
+      config.row_streams[shape.m - 1]({a.data + k0 * a_k_stride, a_row_stride, a_k_stride, b.data + k0 * b.ld + col,
+                                       b.ld, std::min(config.kc, shape.k - k0), chunk_width, alpha,
+                                       k0 == 0 ? beta : 1.0f, c + col, ldc, acc.data()});
+    }
+  });
 }
 
 }  // namespace
 
-void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float beta, float* c,
-          std::size_t ldc, simd_path path) {
+void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float beta, float* c, std::size_t ldc,
+          simd_path path) {
   validate_operand("A", a, shape.m, shape.k);
   validate_operand("B", b, shape.k, shape.n);
   validate_c(c, ldc, shape.m, shape.n);
@@ -213,8 +203,7 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
     multiply_streaming(config, shape, alpha, a, b, beta, c, ldc);
     const std::size_t done = shape.n / nr * nr;
     if (done < shape.n)
-      gemm({shape.m, shape.n - done, shape.k}, alpha, a, {b.data + done, b.ld, b.trans}, beta, c + done, ldc,
-           path);
+      gemm({shape.m, shape.n - done, shape.k}, alpha, a, {b.data + done, b.ld, b.trans}, beta, c + done, ldc, path);
     return;
   }
   const bool in_place = b.trans == transpose::no && shape.m <= in_place_b_max_rows;
@@ -237,12 +226,10 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
   multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, block);
 }
 
-std::size_t pack_b_offset(const gemm_config& config, std::size_t k, std::size_t n, std::size_t row,
-                          std::size_t col) {
+std::size_t pack_b_offset(const gemm_config& config, std::size_t k, std::size_t n, std::size_t row, std::size_t col) {
   const std::size_t k0 = row / config.kc * config.kc;
   const std::size_t depth = std::min(config.kc, k - k0);
-  return k0 * round_up(n, config.nr) + col / config.nr * depth * config.nr + (row - k0) * config.nr +
-         col % config.nr;
+  return k0 * round_up(n, config.nr) + col / config.nr * depth * config.nr + (row - k0) * config.nr + col % config.nr;
 }
 
 std::size_t packed_b_floats(const gemm_config& config, std::size_t k, std::size_t n) {
@@ -258,10 +245,11 @@ packed_b::packed_b(std::size_t k, std::size_t n, gemm_operand b, simd_path path)
     pack_b(b, k0, std::min(config.kc, k - k0), 0, n, config.nr, panels + k0 * padded_n);
 }
 
-void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c,
-          std::size_t ldc) {
-  engine::require(shape.k <= b.k && shape.n <= b.n, [&] { return std::string("gemm: the block ") + std::to_string(shape.k) + " x " + std::to_string(shape.n) + " exceeds the packed B (" +
-              std::to_string(b.k) + " x " + std::to_string(b.n) + ")"; });
+void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc) {
+  engine::require(shape.k <= b.k && shape.n <= b.n, [&] {
+    return std::string("gemm: the block ") + std::to_string(shape.k) + " x " + std::to_string(shape.n) +
+           " exceeds the packed B (" + std::to_string(b.k) + " x " + std::to_string(b.n) + ")";
+  });
   validate_operand("A", a, shape.m, shape.k);
   validate_c(c, ldc, shape.m, shape.n);
   const gemm_config config = gemm_config_for(b.path);

@@ -44,8 +44,8 @@ struct gemm_shape {
   std::size_t m, n, k;
 };
 
-void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float beta, float* c,
-          std::size_t ldc, simd_path path = active_simd_path());
+void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float beta, float* c, std::size_t ldc,
+          simd_path path = active_simd_path());
 
 /// A read-only view of op(B) (k x n) already in the micro-kernel's packed
 /// layout for one SIMD path: for each KC-deep block of rows (in order), the
@@ -60,8 +60,7 @@ struct packed_b_view {
 
 /// Float offset of element (row, col) of op(B) in the packed layout of a
 /// k x n operand, for a path's blocking.
-std::size_t pack_b_offset(const gemm_config& config, std::size_t k, std::size_t n, std::size_t row,
-                          std::size_t col);
+std::size_t pack_b_offset(const gemm_config& config, std::size_t k, std::size_t n, std::size_t row, std::size_t col);
 
 /// Floats a packed k x n operand occupies.
 std::size_t packed_b_floats(const gemm_config& config, std::size_t k, std::size_t n);
@@ -85,8 +84,7 @@ class packed_b {
 /// C = alpha * op(A) * B[0:k, 0:n] + beta * C: the leading k x n block of a
 /// pre-packed B (shape.k <= b.k, shape.n <= b.n), m x k times k x n.
 /// Same arithmetic, so the same bits, as gemm() with that block unpacked.
-void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c,
-          std::size_t ldc);
+void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc);
 
 /// While alive, GEMM calls made by this thread run serially (for callers that
 /// already run one GEMM per parallel task). Never changes a result.

@@ -50,8 +50,7 @@ void gemm_kernels<Arch>::microkernel(const microkernel_params& params) {
     for (std::size_t row = 0; row < rows; ++row) {
       const batch a_value(a[row]);
 #pragma GCC unroll 4
-      for (std::size_t v = 0; v < vectors; ++v)
-        acc[row][v] = multiply_add(a_value, b_row[v], acc[row][v]);
+      for (std::size_t v = 0; v < vectors; ++v) acc[row][v] = multiply_add(a_value, b_row[v], acc[row][v]);
     }
   }
 
@@ -70,6 +69,8 @@ void gemm_kernels<Arch>::microkernel(const microkernel_params& params) {
   }
 }
 
+// clang-format 14 splits an immediately invoked template lambda:
+// clang-format off
 template <class Arch>
 const microkernel_function* gemm_kernels<Arch>::microkernels() {
   static constexpr auto table = []<std::size_t... Index>(std::index_sequence<Index...>) {
@@ -77,6 +78,7 @@ const microkernel_function* gemm_kernels<Arch>::microkernels() {
   }(std::make_index_sequence<gemm_blocking<Arch>::mr>{});
   return table.data();
 }
+// clang-format on
 
 template <class Arch>
 template <std::size_t Rows>
@@ -117,6 +119,8 @@ void gemm_kernels<Arch>::row_stream(const row_stream_params& params) {
   }
 }
 
+// clang-format 14 splits an immediately invoked template lambda:
+// clang-format off
 template <class Arch>
 const row_stream_function* gemm_kernels<Arch>::row_streams() {
   static constexpr auto table = []<std::size_t... Index>(std::index_sequence<Index...>) {
@@ -124,5 +128,6 @@ const row_stream_function* gemm_kernels<Arch>::row_streams() {
   }(std::make_index_sequence<row_stream_max_rows>{});
   return table.data();
 }
+// clang-format on
 
 }  // namespace kvhead::engine

@@ -15,8 +15,8 @@ struct strided_view {
 };
 
 // Writes panels of `width` lanes: packed[panel][k][lane] = view(outer0 + panel*width + lane, k0 + k).
-void pack_panels(strided_view view, std::size_t outer0, std::size_t count, std::size_t k0,
-                 std::size_t depth, std::size_t width, float* packed) {
+void pack_panels(strided_view view, std::size_t outer0, std::size_t count, std::size_t k0, std::size_t depth,
+                 std::size_t width, float* packed) {
   const std::size_t panels = (count + width - 1) / width;
   const std::size_t panel_floats = depth * width;
   if (view.outer_stride == 1) {
@@ -68,17 +68,15 @@ void pack_panels(strided_view view, std::size_t outer0, std::size_t count, std::
 
 }  // namespace
 
-void pack_a(gemm_operand a, std::size_t row0, std::size_t rows, std::size_t k0, std::size_t depth,
-            std::size_t mr, float* packed) {
-  const strided_view view = a.trans == transpose::no ? strided_view{a.data, a.ld, 1}
-                                                     : strided_view{a.data, 1, a.ld};
+void pack_a(gemm_operand a, std::size_t row0, std::size_t rows, std::size_t k0, std::size_t depth, std::size_t mr,
+            float* packed) {
+  const strided_view view = a.trans == transpose::no ? strided_view{a.data, a.ld, 1} : strided_view{a.data, 1, a.ld};
   pack_panels(view, row0, rows, k0, depth, mr, packed);
 }
 
-void pack_b(gemm_operand b, std::size_t k0, std::size_t depth, std::size_t col0, std::size_t cols,
-            std::size_t nr, float* packed) {
-  const strided_view view = b.trans == transpose::no ? strided_view{b.data, 1, b.ld}
-                                                     : strided_view{b.data, b.ld, 1};
+void pack_b(gemm_operand b, std::size_t k0, std::size_t depth, std::size_t col0, std::size_t cols, std::size_t nr,
+            float* packed) {
+  const strided_view view = b.trans == transpose::no ? strided_view{b.data, 1, b.ld} : strided_view{b.data, b.ld, 1};
   pack_panels(view, col0, cols, k0, depth, nr, packed);
 }
 

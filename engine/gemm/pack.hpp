@@ -10,12 +10,12 @@ namespace kvhead::engine {
 
 /// Packs op(A)[row0 : row0+rows, k0 : k0+depth] into ceil(rows / mr) panels,
 /// each depth x mr floats ([k][mr]), rows past `rows` zero.
-void pack_a(gemm_operand a, std::size_t row0, std::size_t rows, std::size_t k0, std::size_t depth,
-            std::size_t mr, float* packed);
+void pack_a(gemm_operand a, std::size_t row0, std::size_t rows, std::size_t k0, std::size_t depth, std::size_t mr,
+            float* packed);
 
 /// Packs op(B)[k0 : k0+depth, col0 : col0+cols] into ceil(cols / nr) panels,
 /// each depth x nr floats ([k][nr]), columns past `cols` zero.
-void pack_b(gemm_operand b, std::size_t k0, std::size_t depth, std::size_t col0, std::size_t cols,
-            std::size_t nr, float* packed);
+void pack_b(gemm_operand b, std::size_t k0, std::size_t depth, std::size_t col0, std::size_t cols, std::size_t nr,
+            float* packed);
 
 }  // namespace kvhead::engine

@@ -55,7 +55,6 @@ std::string format_shape(const std::vector<std::size_t>& shape, bool complete = 
   return text + ")";
 }
 
-
 /// The header dict, parsed by recursive descent over the Python literal
 /// subset described in npy.hpp. Throws file_error at the first problem.
 class header_parser {

@@ -35,9 +35,12 @@ std::size_t dtype_size(dtype type) { return type == dtype::f32 ? 4 : 2; }
 
 const char* dtype_name(dtype type) {
   switch (type) {
-    case dtype::f32: return "F32";
-    case dtype::f16: return "F16";
-    case dtype::bf16: return "BF16";
+    case dtype::f32:
+      return "F32";
+    case dtype::f16:
+      return "F16";
+    case dtype::bf16:
+      return "BF16";
   }
   return "?";
 }
@@ -78,7 +81,6 @@ constexpr std::uint64_t max_header_bytes = 100'000'000;
 // Far beyond any real tensor (NumPy's limit is 64); bounds the shape vector
 // so a header of "[0,0,0,..." cannot cost 4 bytes of memory per byte.
 constexpr std::size_t max_rank = 64;
-
 
 /// "[2, 3]", at most 8 extents shown (a hostile rank must not bloat messages).
 std::string format_list(const std::vector<std::size_t>& values) {
@@ -208,7 +210,8 @@ class header_handler {
         seen_ |= bit;
         return true;
       }
-      default: return fail_value();  // unreachable: objects elsewhere are refused
+      default:
+        return fail_value();  // unreachable: objects elsewhere are refused
     }
   }
 
@@ -283,18 +286,23 @@ class header_handler {
   bool fail_value() {
     switch (state_) {
       case state::start:
-      case state::done: return fail("header is not a JSON object");
+      case state::done:
+        return fail("header is not a JSON object");
       case state::root:
         if (root_key_ == "__metadata__") return fail("__metadata__ is not an object");
         return fail("tensor " + quote_name(root_key_) + " is not an object");
-      case state::metadata: return fail("__metadata__ value for " + quote_name(metadata_key_) + " is not a string");
+      case state::metadata:
+        return fail("__metadata__ value for " + quote_name(metadata_key_) + " is not a string");
       case state::tensor:
       case state::shape:
       case state::offsets:
         switch (field_) {
-          case field::dtype: return fail(tensor_name() + " dtype is not a string");
-          case field::shape: return fail(tensor_name() + " shape is not an array of non-negative integers");
-          case field::offsets: return fail(tensor_name() + " data_offsets is not an array of 2 non-negative integers");
+          case field::dtype:
+            return fail(tensor_name() + " dtype is not a string");
+          case field::shape:
+            return fail(tensor_name() + " shape is not an array of non-negative integers");
+          case field::offsets:
+            return fail(tensor_name() + " data_offsets is not an array of 2 non-negative integers");
         }
     }
     return fail("header has an unexpected value");
@@ -343,7 +351,6 @@ class header_handler {
   tensor_info current_{};
   std::vector<std::size_t> offsets_;
 };
-
 
 }  // namespace
 

@@ -14,7 +14,8 @@ reduction_order from_environment() {
   const char* value = std::getenv("KVHEAD_REDUCTION");
   if (value == nullptr || *value == '\0' || std::string_view(value) == "fixed") return reduction_order::fixed;
   if (std::string_view(value) == "fastest") return reduction_order::fastest;
-  throw std::runtime_error("KVHEAD_REDUCTION=" + std::string(value) + ": unknown reduction order; use fixed or fastest");
+  throw std::runtime_error("KVHEAD_REDUCTION=" + std::string(value) +
+                           ": unknown reduction order; use fixed or fastest");
 }
 
 std::atomic<reduction_order>& order() {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-
 namespace kvhead::engine {
 
 double work_plan::largest_share() const {
@@ -27,7 +26,8 @@ void plan_work(const std::vector<work_unit>& units, std::size_t threads, work_pl
     plan.split[index] = pieces > 1;
     for (std::size_t p = 0; p < pieces; ++p) {
       const std::size_t begin = unit.chunks * p / pieces, end = unit.chunks * (p + 1) / pieces;
-      plan.tasks.push_back({index, begin, end, unit.chunks == 0 ? 0.0 : unit.cost * double(end - begin) / double(unit.chunks)});
+      plan.tasks.push_back(
+          {index, begin, end, unit.chunks == 0 ? 0.0 : unit.cost * double(end - begin) / double(unit.chunks)});
     }
   }
   // Largest first; ties keep their order (std::sort with an index tie-break:

@@ -27,8 +27,8 @@
 namespace kvhead::engine {
 
 struct work_unit {
-  std::size_t chunks;      // reduction steps, merged left to right
-  double cost;             // whole unit, any consistent unit (e.g. flops)
+  std::size_t chunks;  // reduction steps, merged left to right
+  double cost;         // whole unit, any consistent unit (e.g. flops)
 };
 
 struct work_task {
@@ -38,10 +38,10 @@ struct work_task {
 };
 
 struct work_plan {
-  std::vector<work_task> tasks;    // largest first
-  std::vector<bool> split;         // per unit: computed as several tasks
+  std::vector<work_task> tasks;  // largest first
+  std::vector<bool> split;       // per unit: computed as several tasks
   double total_cost = 0.0;
-  double largest_share() const;    // the largest task's cost / total_cost
+  double largest_share() const;  // the largest task's cost / total_cost
 };
 
 /// Plans `units` for `threads` workers: a unit larger than total / (4 *

@@ -21,9 +21,8 @@ void softmax_row(float* row, std::size_t n, simd_path path) {
 
 float online_softmax_block(float* scores, std::size_t n, softmax_partial& state, simd_path path) {
   assert(n == 0 || scores != nullptr);
-  return dispatch(path, [&](auto arch) {
-    return softmax_kernels<decltype(arch)>::online_softmax_block(scores, n, state);
-  });
+  return dispatch(path,
+                  [&](auto arch) { return softmax_kernels<decltype(arch)>::online_softmax_block(scores, n, state); });
 }
 
 void scale_floats(float* values, std::size_t n, float factor, simd_path path) {
@@ -31,8 +30,8 @@ void scale_floats(float* values, std::size_t n, float factor, simd_path path) {
   dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::scale_floats(values, n, factor); });
 }
 
-void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b,
-                    std::size_t d, simd_path path) {
+void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b, std::size_t d,
+                    simd_path path) {
   assert(d == 0 || (acc_a != nullptr && acc_b != nullptr));
   dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::merge_partials(a, acc_a, b, acc_b, d); });
 }

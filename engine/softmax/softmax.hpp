@@ -78,8 +78,7 @@ void softmax_row(float* row, std::size_t n, simd_path path = active_simd_path())
 /// (everything so far masked) the scores become 0, the state is unchanged and
 /// the correction is 1. n = 0 leaves the state unchanged and returns 1. A
 /// NaN (or +inf) score makes state.sum NaN, so the row normalizes to NaN.
-float online_softmax_block(float* scores, std::size_t n, softmax_partial& state,
-                           simd_path path = active_simd_path());
+float online_softmax_block(float* scores, std::size_t n, softmax_partial& state, simd_path path = active_simd_path());
 
 /// values[i] *= factor, i < n (a plain multiply: 0 * inf would be NaN).
 void scale_floats(float* values, std::size_t n, float factor, simd_path path = active_simd_path());
@@ -94,14 +93,13 @@ void scale_floats(float* values, std::size_t n, float factor, simd_path path = a
 /// When both maxima are -inf (nothing visible, or scores that were all NaN),
 /// a.max and acc_a are left as they are and a.sum = a.sum + b.sum, so a NaN
 /// sum carries on to the output. acc_b may not overlap acc_a.
-void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b,
-                    std::size_t d, simd_path path = active_simd_path());
+void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b, std::size_t d,
+                    simd_path path = active_simd_path());
 
 /// out[i] = acc[i] * (1 / sum), i < d: one reciprocal, then a multiply per
 /// element. sum == 0 (a row with no visible key) gives zeros, never NaN.
 /// out may be acc itself.
-void normalize_row(const float* acc, float sum, float* out, std::size_t d,
-                   simd_path path = active_simd_path());
+void normalize_row(const float* acc, float sum, float* out, std::size_t d, simd_path path = active_simd_path());
 
 /// Per-ISA kernels behind the functions above (same contracts); defined in
 /// softmax_impl.hpp and explicitly instantiated in engine/arch/<isa>.cpp.

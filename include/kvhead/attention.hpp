@@ -88,9 +88,9 @@ struct attention_options {
 /// heads and q_len positions, k and v num_kv_heads heads and kv_len
 /// positions; all have head_dim floats per row. out may not overlap the
 /// inputs.
-void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q,
-                                  head_tensor<const float> k, head_tensor<const float> v,
-                                  head_tensor<float> out, const attention_options& options = {});
+void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q, head_tensor<const float> k,
+                                  head_tensor<const float> v, head_tensor<float> out,
+                                  const attention_options& options = {});
 
 struct attention_config {
   std::size_t num_heads = 0;     // H
@@ -99,7 +99,7 @@ struct attention_config {
   std::size_t d_model = 0;       // need not equal H * d
   std::optional<float> scale;    // default 1 / sqrt(d)
   bool causal = false;
-  double rope_theta = 0.0;       // 0: no RoPE; else needs an even head_dim
+  double rope_theta = 0.0;  // 0: no RoPE; else needs an even head_dim
 };
 
 /// One nn.Linear: weight [out_features, in_features] row-major, y = x Wᵀ + b.

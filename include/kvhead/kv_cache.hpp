@@ -137,7 +137,7 @@ class kv_cache {
   std::size_t free_tokens() const;      // free_blocks() * block_size
   std::size_t bytes_per_token() const;  // block_bytes() / block_size
   std::size_t block_bytes() const;
-  std::size_t bytes_in_use() const;     // (total_blocks() - free_blocks()) * block_bytes()
+  std::size_t bytes_in_use() const;  // (total_blocks() - free_blocks()) * block_bytes()
 
  private:
   struct impl;

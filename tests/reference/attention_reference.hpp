@@ -30,8 +30,8 @@ struct sdpa_case {
 };
 
 struct sdpa_result {
-  std::vector<double> out;          // [batch, heads, q_len, d]
-  std::vector<double> probability;  // [batch, heads, q_len, kv_len]
+  std::vector<double> out;              // [batch, heads, q_len, d]
+  std::vector<double> probability;      // [batch, heads, q_len, kv_len]
   std::vector<double> score_magnitude;  // [batch, heads, q_len]: max_j scale * sum_e |q_e k_je|
   std::vector<double> value_magnitude;  // [batch, heads, q_len]: max over visible j, e of |v_je|
 };

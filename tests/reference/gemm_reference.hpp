@@ -15,9 +15,9 @@ struct gemm_result {
 };
 
 // op(A)(i, p) = trans_a ? a[p*lda + i] : a[i*lda + p]; op(B)(p, j) likewise.
-inline gemm_result gemm(std::size_t m, std::size_t n, std::size_t k, double alpha, const float* a,
-                        std::size_t lda, bool trans_a, const float* b, std::size_t ldb, bool trans_b,
-                        double beta, const float* c, std::size_t ldc) {
+inline gemm_result gemm(std::size_t m, std::size_t n, std::size_t k, double alpha, const float* a, std::size_t lda,
+                        bool trans_a, const float* b, std::size_t ldb, bool trans_b, double beta, const float* c,
+                        std::size_t ldc) {
   gemm_result result{std::vector<double>(m * n), std::vector<double>(m * n)};
   for (std::size_t i = 0; i < m; ++i) {
     for (std::size_t j = 0; j < n; ++j) {
