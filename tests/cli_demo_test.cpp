@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kvhead/config.hpp"
 #include "tests/cli_test_util.hpp"
 
 namespace kvhead::cli_test {
@@ -133,7 +134,10 @@ TEST_CASE("kernels_runs") {
   CHECK(result.exit_code == 0);
   CHECK(result.err.empty());
   CHECK(mentions(result.out, "SIMD path"));
-  CHECK(std::count(result.out.begin(), result.out.end(), '\n') == 4);
+  CHECK(mentions(result.out, "CPU: "));
+  CHECK(mentions(result.out, std::string("configuration ") + kvhead::kernel_config_name() + ": "));
+  CHECK(mentions(result.out, "KVHEAD_CONFIG"));
+  CHECK(mentions(result.out, "KC 256"));
   CHECK(mentions(result.out, "1024 x 1024 x 1024"));
   CHECK(mentions(result.out, "GFLOP/s"));
 }

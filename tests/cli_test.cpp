@@ -7,6 +7,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -350,6 +351,24 @@ TEST_CASE("bad_kvhead_isa") {
   expect_failure(golden_flags(), exit_failure, {"KVHEAD_ISA=neon", "unknown"}, {"KVHEAD_ISA=neon"});
 }
 
+TEST_CASE("bad_kvhead_config") {
+  SUBCASE("unknown name: the message lists the rows") {
+    expect_failure(golden_flags(), exit_failure, {"KVHEAD_CONFIG=cray1", "unknown", "avx2"}, {"KVHEAD_CONFIG=cray1"});
+  }
+  SUBCASE("disagrees with KVHEAD_ISA") {
+    expect_failure(golden_flags(), exit_failure, {"KVHEAD_CONFIG=sse2", "KVHEAD_ISA=avx2"},
+                   {"KVHEAD_CONFIG=sse2", "KVHEAD_ISA=avx2"});
+  }
+  SUBCASE("a path this CPU cannot run") {
+    const auto paths = supported_simd_paths();
+    if (std::find(paths.begin(), paths.end(), simd_path::avx512) == paths.end())
+      expect_failure(golden_flags(), exit_failure, {"KVHEAD_CONFIG=avx512-2x512", "avx512"},
+                     {"KVHEAD_CONFIG=avx512-2x512"});
+    else
+      MESSAGE("skipped: this CPU runs every row's path");
+  }
+}
+
 // ---------------------------------------------------------------- successes
 
 TEST_CASE("equals_form_matches_space_form") {
@@ -471,6 +490,25 @@ TEST_CASE("non_finite_token_reaches_its_own_output") {
     CAPTURE(p.value);
     const auto [got, clean] = run_with_nan(p.causal, p.t, p.value);
     CHECK(row_poisoned(got, p.t, false));
+  }
+}
+
+// Every row of the configuration table that runs here gives the bits of its
+// path's default (KC alone orders the sums; MR, NR, MC, NC never do).
+TEST_CASE("forced_configuration_keeps_the_bits_of_its_path") {
+  scratch_dir dir;
+  const std::vector<std::string> rows = {"avx512-zen4", "avx512-2x512", "avx2", "sse2"};
+  for (simd_path path : supported_simd_paths()) {
+    const std::string isa = to_string(path);
+    const std::string by_path = dir.file("path-" + isa + ".npy");
+    expect_success(concat({"--output", by_path}, golden_flags("mha_long_causal_rope")), {"KVHEAD_ISA=" + isa});
+    for (const std::string& row : rows) {
+      if (row.rfind(isa, 0) != 0) continue;
+      CAPTURE(row);
+      const std::string forced = dir.file("row-" + row + ".npy");
+      expect_success(concat({"--output", forced}, golden_flags("mha_long_causal_rope")), {"KVHEAD_CONFIG=" + row});
+      CHECK(read_bytes(forced) == read_bytes(by_path));
+    }
   }
 }
 

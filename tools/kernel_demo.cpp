@@ -4,12 +4,15 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <tbb/global_control.h>
 #include <tbb/info.h>
 #include <tbb/task_arena.h>
 
+#include "engine/arch/cpu_info.hpp"
+#include "engine/arch/kernel_config.hpp"
 #include "engine/gemm/gemm.hpp"
 #include "kvhead/config.hpp"
 #include "tools/cli_args.hpp"
@@ -18,8 +21,29 @@ namespace kvhead::tools {
 
 namespace {
 
+std::string cache_text(std::size_t bytes) { return bytes == 0 ? "?" : std::to_string(bytes >> 10) + " KiB"; }
+
+// The CPU as CPUID reports it, the table of configurations with the chosen
+// row marked, and why it was chosen and how its blocks follow from the caches.
+void print_configuration() {
+  const engine::cpu_info& cpu = engine::host_cpu();
+  std::printf("CPU: %s (%s, family 0x%x, model 0x%x); L1d %s, L2 %s, L3 %s shared by %zu CPU(s)\n",
+              cpu.model_name.empty() ? "unnamed" : cpu.model_name.c_str(), cpu.vendor.c_str(), cpu.family, cpu.model,
+              cache_text(cpu.l1d_bytes).c_str(), cache_text(cpu.l2_bytes).c_str(), cache_text(cpu.l3_bytes).c_str(),
+              cpu.l3_sharing);
+  const engine::kernel_config& chosen = engine::kernel_config_for(active_simd_path());
+  std::printf("configurations (KVHEAD_CONFIG=<name> forces one):\n");
+  for (const engine::kernel_config_row& row : engine::kernel_config_rows)
+    std::printf("  %c %-13s %-6s %2zu x %-2zu  for %s\n", &row == chosen.row ? '*' : ' ', row.name,
+                to_string(row.path), row.mr, row.nr, engine::to_string(row.cpu));
+  std::printf("configuration %s: %s\n  tile %zu x %zu: %s\n  blocks: %s\n", chosen.row->name, chosen.chosen_why.c_str(),
+              chosen.mr, chosen.nr, chosen.row->why, chosen.blocking_why.c_str());
+}
+
 int run_kernel_demo(int threads) {
-  std::printf("kvhead %s kernel demo: SIMD path %s, %d thread(s)\n", version(), to_string(active_simd_path()), threads);
+  std::printf("kvhead %s kernel demo: SIMD path %s, configuration %s, %d thread(s)\n", version(),
+              to_string(active_simd_path()), kernel_config_name(), threads);
+  print_configuration();
   tbb::task_arena arena(threads);
   std::mt19937 generator(42);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);

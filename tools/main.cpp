@@ -28,8 +28,9 @@ void print_help() {
       "  demo [flags]      decoding demo with built-in random weights: prefill, token-by-token\n"
       "                    decode with progress, speed, latency, cache use, and the speed-up over\n"
       "                    decoding without a cache (kvhead demo --help; tools/run demo runs it)\n"
-      "  kernels [--threads N]   time the GEMM kernel and print GFLOP/s and the SIMD path\n"
-      "  --version         print the version and the SIMD path in use\n"
+      "  kernels [--threads N]   print the CPU and the kernel configuration chosen for it,\n"
+      "                    time the GEMM kernel and print GFLOP/s and the SIMD path\n"
+      "  --version         print the version, the SIMD path and the configuration in use\n"
       "  --help            print this help\n"
       "\n",
       stdout);
@@ -59,7 +60,8 @@ int main(int argc, char** argv) {
       return exit_ok;
     }
     if (command == "--version") {
-      std::printf("kvhead %s (SIMD path: %s)\n", kvhead::version(), kvhead::to_string(kvhead::active_simd_path()));
+      std::printf("kvhead %s (SIMD path: %s, configuration: %s)\n", kvhead::version(),
+                  kvhead::to_string(kvhead::active_simd_path()), kvhead::kernel_config_name());
       return exit_ok;
     }
     if (command.empty()) throw usage_error("no command given");

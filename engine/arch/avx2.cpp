@@ -5,7 +5,8 @@
 
 namespace kvhead::engine {
 
-template struct gemm_kernels<avx2_arch>;
+template struct gemm_kernels<avx2_arch, 6, 16>;  // compiled_tiles<avx2_arch> (blocking.hpp)
+template struct row_stream_kernels<avx2_arch>;
 template struct softmax_kernels<avx2_arch>;
 
 }  // namespace kvhead::engine

@@ -5,7 +5,8 @@
 
 namespace kvhead::engine {
 
-template struct gemm_kernels<avx512_arch>;
+template struct gemm_kernels<avx512_arch, 12, 32>;  // compiled_tiles<avx512_arch> (blocking.hpp)
+template struct row_stream_kernels<avx512_arch>;
 template struct softmax_kernels<avx512_arch>;
 
 }  // namespace kvhead::engine

@@ -1,5 +1,6 @@
 // Chooses the SIMD path once: CPUID (through xsimd), the OS register-state
-// check (XCR0), then the KVHEAD_ISA override.
+// check (XCR0), then the KVHEAD_ISA override, or the path of the kernel
+// configuration KVHEAD_CONFIG names (engine/arch/kernel_config.hpp).
 #include <cpuid.h>
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "engine/arch/kernel_config.hpp"
 #include "kvhead/config.hpp"
 
 namespace kvhead {
@@ -53,7 +55,7 @@ std::string supported_list() {
   return list;
 }
 
-simd_path choose_path() {
+simd_path path_named_by_isa_variable() {
   const char* forced = std::getenv("KVHEAD_ISA");
   if (forced == nullptr || *forced == '\0') return supported_simd_paths().front();
   const std::string_view name(forced);
@@ -65,6 +67,17 @@ simd_path choose_path() {
     return path;
   }
   throw std::runtime_error("KVHEAD_ISA=" + std::string(name) + ": unknown SIMD path; use one of avx512, avx2, sse2");
+}
+
+simd_path choose_path() {
+  const simd_path path = path_named_by_isa_variable();
+  const engine::kernel_config_row* forced = engine::forced_kernel_config();
+  if (forced == nullptr) return path;
+  const char* isa = std::getenv("KVHEAD_ISA");
+  if (isa != nullptr && *isa != '\0' && forced->path != path)
+    throw std::runtime_error(std::string("KVHEAD_CONFIG=") + forced->name + " is for SIMD path " +
+                             to_string(forced->path) + ", but KVHEAD_ISA=" + isa + " asks for " + to_string(path));
+  return forced->path;
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 
 namespace kvhead::engine {
 
-template struct gemm_kernels<sse2_arch>;
+template struct gemm_kernels<sse2_arch, 6, 8>;  // compiled_tiles<sse2_arch> (blocking.hpp)
+template struct row_stream_kernels<sse2_arch>;
 template struct softmax_kernels<sse2_arch>;
 
 }  // namespace kvhead::engine

@@ -1,17 +1,52 @@
 #include "engine/gemm/blocking.hpp"
 
 namespace kvhead::engine {
+namespace {
+
+template <class Arch, class Shapes>
+struct tile_lookup;
+
+template <class Arch, class... Shapes>
+struct tile_lookup<Arch, std::tuple<Shapes...>> {
+  static constexpr bool compiled(std::size_t mr, std::size_t nr) { return ((Shapes::mr == mr && Shapes::nr == nr) || ...); }
+  static const microkernel_function* kernels(std::size_t mr, std::size_t nr) {
+    const microkernel_function* found = nullptr;
+    ((found = found == nullptr && Shapes::mr == mr && Shapes::nr == nr
+                  ? gemm_kernels<Arch, Shapes::mr, Shapes::nr>::microkernels()
+                  : found),
+     ...);
+    return found;
+  }
+};
+
+template <class Arch>
+using tiles_of = tile_lookup<Arch, typename compiled_tiles<Arch>::shapes>;
+
+constexpr bool every_row_is_compiled() {
+  for (const kernel_config_row& row : kernel_config_rows) {
+    const bool compiled = row.path == simd_path::avx512 ? tiles_of<avx512_arch>::compiled(row.mr, row.nr)
+                          : row.path == simd_path::avx2 ? tiles_of<avx2_arch>::compiled(row.mr, row.nr)
+                                                        : tiles_of<sse2_arch>::compiled(row.mr, row.nr);
+    if (!compiled) return false;
+  }
+  return true;
+}
+
+static_assert(every_row_is_compiled(), "a kernel_config row names a register tile no engine/arch TU compiles");
+
+}  // namespace
 
 gemm_config gemm_config_for(simd_path path) {
-  return dispatch(path, [](auto arch) {
-    using blocking = gemm_blocking<decltype(arch)>;
-    return gemm_config{blocking::mr,
-                       blocking::nr,
-                       blocking::mc,
-                       blocking::kc,
-                       blocking::nc,
-                       gemm_kernels<decltype(arch)>::microkernels(),
-                       gemm_kernels<decltype(arch)>::row_streams()};
+  const kernel_config& machine = kernel_config_for(path);
+  return dispatch(path, [&](auto arch) {
+    using Arch = decltype(arch);
+    return gemm_config{machine.mr,
+                       machine.nr,
+                       machine.mc,
+                       machine.kc,
+                       machine.nc,
+                       tiles_of<Arch>::kernels(machine.mr, machine.nr),
+                       row_stream_kernels<Arch>::row_streams()};
   });
 }
 

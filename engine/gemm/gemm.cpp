@@ -194,16 +194,20 @@ void multiply_streaming(const gemm_config& config, gemm_shape shape, float alpha
 
 void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float beta, float* c, std::size_t ldc,
           simd_path path) {
+  gemm(shape, alpha, a, b, beta, c, ldc, gemm_config_for(path));
+}
+
+void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float beta, float* c, std::size_t ldc,
+          const gemm_config& config) {
   validate_operand("A", a, shape.m, shape.k);
   validate_operand("B", b, shape.k, shape.n);
   validate_c(c, ldc, shape.m, shape.n);
-  const gemm_config config = gemm_config_for(path);
   const std::size_t nr = config.nr;
   if (b.trans == transpose::no && shape.m <= row_stream_max_rows && shape.n >= nr && shape.k > 0) {
     multiply_streaming(config, shape, alpha, a, b, beta, c, ldc);
     const std::size_t done = shape.n / nr * nr;
     if (done < shape.n)
-      gemm({shape.m, shape.n - done, shape.k}, alpha, a, {b.data + done, b.ld, b.trans}, beta, c + done, ldc, path);
+      gemm({shape.m, shape.n - done, shape.k}, alpha, a, {b.data + done, b.ld, b.trans}, beta, c + done, ldc, config);
     return;
   }
   const bool in_place = b.trans == transpose::no && shape.m <= in_place_b_max_rows;

@@ -47,6 +47,12 @@ struct gemm_shape {
 void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float beta, float* c, std::size_t ldc,
           simd_path path = active_simd_path());
 
+/// The same with explicit blocking for the kernels of `config` (one path's
+/// gemm_config with other MC or NC, say): same bits as gemm() on that path,
+/// whatever MC and NC are (tested), since KC alone orders the sum.
+void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float beta, float* c, std::size_t ldc,
+          const gemm_config& config);
+
 /// A read-only view of op(B) (k x n) already in the micro-kernel's packed
 /// layout for one SIMD path: for each KC-deep block of rows (in order), the
 /// ceil(n / NR) micro-panels of that block, each (block depth x NR) floats,

@@ -70,14 +70,29 @@ using row_stream_function = void (*)(const row_stream_params&);
 /// stay in registers).
 inline constexpr std::size_t row_stream_max_rows = 4;
 
-/// Per-ISA GEMM kernels; defined in microkernel_impl.hpp and explicitly
-/// instantiated in engine/arch/<isa>.cpp (the only TUs built with ISA flags).
-template <class Arch>
+/// Per-ISA GEMM micro-kernels for one MR x NR register tile (the rows of
+/// engine/arch/kernel_config.hpp choose it); defined in microkernel_impl.hpp
+/// and explicitly instantiated in engine/arch/<isa>.cpp (the only TUs built
+/// with ISA flags), one instantiation per entry of compiled_tiles<Arch>.
+template <class Arch, std::size_t MR, std::size_t NR>
 struct gemm_kernels {
   template <std::size_t Rows>
   static void microkernel(const microkernel_params& params);
   /// microkernels()[rows - 1] is the kernel for a tile of `rows` rows, 1..MR.
   static const microkernel_function* microkernels();
+};
+
+/// The register tiles compiled for each path: a std::tuple of tile_shape.
+template <std::size_t MR, std::size_t NR>
+struct tile_shape {
+  static constexpr std::size_t mr = MR, nr = NR;
+};
+template <class Arch>
+struct compiled_tiles;
+
+/// Per-ISA row-streaming kernels (any NR that is a multiple of the vector width).
+template <class Arch>
+struct row_stream_kernels {
   template <std::size_t Rows>
   static void row_stream(const row_stream_params& params);
   /// row_streams()[rows - 1] streams `rows` rows, 1..row_stream_max_rows.

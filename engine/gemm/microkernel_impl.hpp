@@ -2,7 +2,7 @@
 // once with xsimd for every ISA. Include only from engine/arch/<isa>.cpp.
 //
 // Blocking: MR x NR accumulators live in registers for the whole k loop
-// (sizes and register budget in blocking.hpp). Each k step loads NR / W
+// (sizes and register budget per CPU in engine/arch/kernel_config.hpp). Each k step loads NR / W
 // vectors of B, broadcasts MR scalars of A and issues MR * NR / W FMAs.
 #pragma once
 
@@ -13,19 +13,18 @@
 #include <xsimd/xsimd.hpp>
 
 #include "engine/arch/multiply_add.hpp"
-#include "engine/gemm/blocking.hpp"
 #include "engine/gemm/microkernel.hpp"
 
 namespace kvhead::engine {
 
-template <class Arch>
+template <class Arch, std::size_t MR, std::size_t NR>
 template <std::size_t Rows>
-void gemm_kernels<Arch>::microkernel(const microkernel_params& params) {
+void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   using batch = xsimd::batch<float, Arch>;
-  constexpr std::size_t mr = gemm_blocking<Arch>::mr;  // A panel stride
+  constexpr std::size_t mr = MR;  // A panel stride
   constexpr std::size_t rows = Rows;
-  constexpr std::size_t vectors = gemm_blocking<Arch>::nr / batch::size;
-  static_assert(gemm_blocking<Arch>::nr % batch::size == 0);
+  constexpr std::size_t vectors = NR / batch::size;
+  static_assert(NR % batch::size == 0 && Rows <= MR);
 
   // Fetch the C tile now: it is read and written only after the k loop, and
   // on large C it comes from L3 or DRAM (a stall per tile otherwise).
@@ -71,18 +70,18 @@ void gemm_kernels<Arch>::microkernel(const microkernel_params& params) {
 
 // clang-format 14 splits an immediately invoked template lambda:
 // clang-format off
-template <class Arch>
-const microkernel_function* gemm_kernels<Arch>::microkernels() {
+template <class Arch, std::size_t MR, std::size_t NR>
+const microkernel_function* gemm_kernels<Arch, MR, NR>::microkernels() {
   static constexpr auto table = []<std::size_t... Index>(std::index_sequence<Index...>) {
     return std::array<microkernel_function, sizeof...(Index)>{&microkernel<Index + 1>...};
-  }(std::make_index_sequence<gemm_blocking<Arch>::mr>{});
+  }(std::make_index_sequence<MR>{});
   return table.data();
 }
 // clang-format on
 
 template <class Arch>
 template <std::size_t Rows>
-void gemm_kernels<Arch>::row_stream(const row_stream_params& params) {
+void row_stream_kernels<Arch>::row_stream(const row_stream_params& params) {
   using batch = xsimd::batch<float, Arch>;
   constexpr std::size_t width = batch::size;
   // Locals, not params fields: stores through acc could alias them otherwise.
@@ -122,7 +121,7 @@ void gemm_kernels<Arch>::row_stream(const row_stream_params& params) {
 // clang-format 14 splits an immediately invoked template lambda:
 // clang-format off
 template <class Arch>
-const row_stream_function* gemm_kernels<Arch>::row_streams() {
+const row_stream_function* row_stream_kernels<Arch>::row_streams() {
   static constexpr auto table = []<std::size_t... Index>(std::index_sequence<Index...>) {
     return std::array<row_stream_function, sizeof...(Index)>{&row_stream<Index + 1>...};
   }(std::make_index_sequence<row_stream_max_rows>{});

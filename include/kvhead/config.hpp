@@ -34,6 +34,18 @@ simd_path active_simd_path();
 /// Every path this CPU and OS can run, best first (sse2 is always last).
 std::vector<simd_path> supported_simd_paths();
 
+/// The kernel configuration in use: a row of kvhead's table of configurations
+/// (GEMM register tile and cache blocking per kind of CPU), chosen at first use
+/// from what CPUID reports — vendor, family, caches — for the active path.
+/// `kvhead kernels` prints the table, the choice and the reasons. The
+/// environment variable KVHEAD_CONFIG=<name> forces a row (its SIMD path then
+/// becomes the active one; KVHEAD_ISA, if also set, must agree; an unknown
+/// name or a path this CPU cannot run is an error, as for KVHEAD_ISA).
+/// Results depend on the SIMD path only, never on the configuration: every row
+/// sums over k in the same fixed blocks, so two CPUs of different kinds give
+/// the same bits on the same path (different paths round differently).
+const char* kernel_config_name();
+
 /// Threads for kvhead's work. 0 (the default): every call runs in the
 /// caller's oneTBB task arena — all cores unless the caller made a smaller
 /// arena. n > 0: every call runs in a process-wide task arena of n threads.

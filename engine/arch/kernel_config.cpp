@@ -1,0 +1,122 @@
+#include "engine/arch/kernel_config.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvhead::engine {
+namespace {
+
+std::size_t round_down(std::size_t value, std::size_t multiple) { return value / multiple * multiple; }
+
+std::string kib(std::size_t bytes) { return bytes == 0 ? "unknown" : std::to_string(bytes >> 10) + " KiB"; }
+
+std::string row_names() {
+  std::string names;
+  for (const kernel_config_row& row : kernel_config_rows) {
+    if (!names.empty()) names += ", ";
+    names += row.name;
+  }
+  return names;
+}
+
+}  // namespace
+
+// MC: the packed A block (MC x KC floats) takes 1 / a_block_share of L2,
+// whole MR panels, at least 4 panels. NC: the packed B block (KC x NC) takes
+// at most half of this core's share of L3, whole NR panels, at most 4096
+// columns (enough to amortize the A packing over a block) and at least 512.
+kernel_config resolve_kernel_config(const kernel_config_row& row, const cpu_info& cpu, std::string chosen_why) {
+  constexpr std::size_t fallback_l2 = 512 << 10, most_columns = 4096, fewest_columns = 512;
+  const std::size_t l2 = cpu.l2_bytes != 0 ? cpu.l2_bytes : fallback_l2;
+  const std::size_t a_block_floats = l2 / row.a_block_share / sizeof(float);
+  const std::size_t mc = std::max(4 * row.mr, round_down(a_block_floats / gemm_kc, row.mr));
+  const std::size_t l3_per_core = cpu.l3_bytes / std::max<std::size_t>(1, cpu.l3_sharing);
+  const std::size_t nc =
+      cpu.l3_bytes == 0
+          ? most_columns
+          : std::clamp(round_down(l3_per_core / 2 / sizeof(float) / gemm_kc, row.nr), fewest_columns, most_columns);
+  std::string blocking_why = "KC " + std::to_string(gemm_kc) + " (fixed for every configuration); MC " +
+                             std::to_string(mc) + ": packed A block " + kib(mc * gemm_kc * sizeof(float)) +
+                             " = 1/" + std::to_string(row.a_block_share) + " of L2 (" + kib(cpu.l2_bytes) +
+                             (cpu.l2_bytes == 0 ? ", taken as 512 KiB" : "") + "), whole " + std::to_string(row.mr) +
+                             "-row panels; NC " + std::to_string(nc) + ": packed B block " +
+                             kib(nc * gemm_kc * sizeof(float)) + ", at most half of one core's L3 share (" +
+                             kib(l3_per_core) + "), capped at 4096 columns";
+  return {&row, row.mr, row.nr, mc, gemm_kc, nc, std::move(blocking_why), std::move(chosen_why)};
+}
+
+const kernel_config_row& kernel_config_row_for(simd_path path, const cpu_info& cpu) {
+  for (const kernel_config_row& row : kernel_config_rows)
+    if (row.path == path && cpu_matches(row.cpu, cpu)) return row;
+  throw std::logic_error(std::string("kernel_config: no row for path ") + to_string(path));
+}
+
+namespace {
+
+kernel_config choose(simd_path path) {
+  const cpu_info& cpu = host_cpu();
+  if (const kernel_config_row* forced = forced_kernel_config(); forced != nullptr && forced->path == path)
+    return resolve_kernel_config(*forced, cpu, std::string("forced by KVHEAD_CONFIG=") + forced->name);
+  const kernel_config_row& row = kernel_config_row_for(path, cpu);
+  return resolve_kernel_config(row, cpu,
+                               std::string("first row of path ") + to_string(path) + " for " + to_string(row.cpu));
+}
+
+}  // namespace
+
+bool cpu_matches(cpu_class wanted, const cpu_info& cpu) {
+  switch (wanted) {
+    case cpu_class::any:
+      return true;
+    case cpu_class::amd_zen4:
+      return cpu.is_amd() && cpu.family == 0x19;
+  }
+  return false;
+}
+
+const char* to_string(cpu_class wanted) {
+  switch (wanted) {
+    case cpu_class::any:
+      return "any CPU";
+    case cpu_class::amd_zen4:
+      return "AMD family 0x19 (Zen 4 when it has AVX-512)";
+  }
+  return "unknown";
+}
+
+const kernel_config_row* forced_kernel_config() {
+  const char* forced = std::getenv("KVHEAD_CONFIG");
+  if (forced == nullptr || *forced == '\0') return nullptr;
+  const std::string_view name(forced);
+  for (const kernel_config_row& row : kernel_config_rows) {
+    if (name != row.name) continue;
+    const std::vector<simd_path> paths = supported_simd_paths();
+    if (std::find(paths.begin(), paths.end(), row.path) == paths.end())
+      throw std::runtime_error("KVHEAD_CONFIG=" + std::string(name) + ": its SIMD path " + to_string(row.path) +
+                               " does not run on this CPU (or its OS)");
+    return &row;
+  }
+  throw std::runtime_error("KVHEAD_CONFIG=" + std::string(name) + ": unknown configuration; use one of " +
+                           row_names());
+}
+
+const kernel_config& kernel_config_for(simd_path path) {
+  // One per path, fixed at first use: packed operands (weights, the KV
+  // cache) are laid out for it and must never meet another NR.
+  static const std::array<kernel_config, 3> configs = {choose(simd_path::avx512), choose(simd_path::avx2),
+                                                      choose(simd_path::sse2)};
+  return configs[static_cast<std::size_t>(path)];
+}
+
+}  // namespace kvhead::engine
+
+namespace kvhead {
+
+const char* kernel_config_name() { return engine::kernel_config_for(active_simd_path()).row->name; }
+
+}  // namespace kvhead

@@ -1,0 +1,100 @@
+// The table of kernel configurations, one row per kind of CPU, in the manner
+// of BLIS's config/<arch>/bli_cntx_init_<arch>.c: the GEMM register tile
+// (MR x NR) with its reason, and how the cache blocks follow from the caches
+// the CPU reports (cpu_info.hpp). Every SIMD path has a row for any CPU (its
+// last row); rows before it are for the CPUs they name.
+//
+// Determinism across configurations. KC, the depth of one block of the sum
+// over k, is the same in every row (gemm_kc): it is the only blocking number
+// that orders a reduction. MR, NR, MC and NC only decide which elements are
+// computed together, never the order of any sum (engine/gemm/gemm.hpp), so on
+// one SIMD path every configuration — and so every CPU — gives the same bits.
+//
+// Choice. The first row of the active path whose CPU class matches this CPU;
+// the environment variable KVHEAD_CONFIG=<name> forces a row by name (its path
+// then becomes the active one; it must run here, and KVHEAD_ISA, if set too,
+// must name the same path).
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+#include "engine/arch/cpu_info.hpp"
+#include "kvhead/config.hpp"
+
+namespace kvhead::engine {
+
+/// KC for every configuration (see above). 256 floats of depth keep the B
+/// micro-panel (KC x NR) within L1 or a fast L2 stream on every row below.
+inline constexpr std::size_t gemm_kc = 256;
+
+/// Which CPUs a row is for.
+enum class cpu_class {
+  any,           // every CPU that runs the row's path
+  amd_zen4,      // AMD family 0x19 with AVX-512: 512-bit FMAs split over two 256-bit pipes
+};
+
+struct kernel_config_row {
+  const char* name;
+  simd_path path;
+  cpu_class cpu;
+  std::size_t mr, nr;         // GEMM register tile: MR rows of A x NR columns of B
+  std::size_t a_block_share;  // MC x KC of packed A takes 1 / a_block_share of L2
+  const char* why;            // the tile and the share, measured where stated
+};
+
+inline constexpr kernel_config_row kernel_config_rows[] = {
+    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2,
+     "Zen 4 splits each 512-bit FMA over its two 256-bit pipes (16 fp32 FMAs per cycle). 32 zmm: "
+     "12 x 32 = 24 accumulators + 2 B vectors + 1 broadcast = 27 live; 24 chains cover the 4-cycle "
+     "latency; 14 x 32 (31 live) measured no faster. The 32 KiB B micro-panel streams from L2 "
+     "(64 B/cycle, twice what the kernel reads); 86% of FMA peak at 1024^3 (round 1, Zen 4)."},
+    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2,
+     "Two full 512-bit FMA ports (Intel Xeon, AMD Zen 5): 32 fp32 FMAs per cycle, 4-cycle latency, "
+     "so at least 8 independent chains; 12 x 32 keeps 24 (BLIS's skx sgemm, 32 x 12 transposed) "
+     "with 14 loads per 24 FMAs, within two load ports. The 32 KiB B micro-panel fits a 48 KiB L1d."},
+    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2,
+     "AVX2 + FMA, two 256-bit FMA pipes (Intel Haswell on, AMD Zen 1-4): 16 ymm: 6 x 16 = 12 "
+     "accumulators + 2 B vectors + 1 broadcast = 15 live (BLIS's haswell sgemm); 12 chains cover "
+     "4-cycle latency x 2 pipes (needs 8); 8 loads per 12 FMAs. B micro-panel 16 KiB, half of L1d. "
+     "On Zen 3 an A block of a quarter of L2 measured no faster than half."},
+    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2,
+     "SSE2 (no FMA): 16 xmm: 6 x 8 = 12 accumulators + 2 B + 1 broadcast + 1 product temporary = 16. "
+     "B micro-panel 8 KiB."},
+};
+
+/// The largest MR x NR of any row (edge tiles are kept on the stack).
+inline constexpr std::size_t max_tile_floats = [] {
+  std::size_t largest = 0;
+  for (const kernel_config_row& row : kernel_config_rows) largest = row.mr * row.nr > largest ? row.mr * row.nr : largest;
+  return largest;
+}();
+
+/// A row resolved for this machine: the cache blocks computed from its caches.
+struct kernel_config {
+  const kernel_config_row* row;
+  std::size_t mr, nr, mc, kc, nc;
+  std::string blocking_why;  // how MC and NC followed from this CPU's caches
+  std::string chosen_why;    // why this row (CPU class match, or KVHEAD_CONFIG)
+};
+
+/// The configuration every kernel of `path` uses in this process (fixed at
+/// first use). Throws std::runtime_error for a bad KVHEAD_CONFIG.
+const kernel_config& kernel_config_for(simd_path path);
+
+/// The first row of `path` whose CPU class matches `cpu` (KVHEAD_CONFIG aside).
+const kernel_config_row& kernel_config_row_for(simd_path path, const cpu_info& cpu);
+
+/// `row` with its cache blocks computed for `cpu`'s caches.
+kernel_config resolve_kernel_config(const kernel_config_row& row, const cpu_info& cpu, std::string chosen_why = {});
+
+/// KVHEAD_CONFIG's row, or null when it is unset. Throws std::runtime_error
+/// naming the problem when it names no row or a path this CPU cannot run.
+const kernel_config_row* forced_kernel_config();
+
+/// Whether `cpu` belongs to `cpu_class`, and the class in words.
+bool cpu_matches(cpu_class wanted, const cpu_info& cpu);
+const char* to_string(cpu_class wanted);
+
+}  // namespace kvhead::engine

@@ -1,0 +1,135 @@
+// The table of kernel configurations: CPU detection, the row chosen for a
+// CPU, cache blocks derived from its caches, and that no blocking a row may
+// get changes a GEMM result (KC alone orders the sum).
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/arch/cpu_info.hpp"
+#include "engine/arch/kernel_config.hpp"
+#include "engine/gemm/gemm.hpp"
+#include "kvhead/config.hpp"
+
+namespace {
+
+using kvhead::simd_path;
+using namespace kvhead::engine;
+
+cpu_info synthetic_cpu(const char* vendor, unsigned family, std::size_t l2_bytes, std::size_t l3_bytes,
+                       std::size_t l3_sharing) {
+  cpu_info cpu;
+  cpu.vendor = vendor;
+  cpu.family = family;
+  cpu.l1d_bytes = 32 << 10;
+  cpu.l2_bytes = l2_bytes;
+  cpu.l3_bytes = l3_bytes;
+  cpu.l3_sharing = l3_sharing;
+  return cpu;
+}
+
+// The CPUs this project's machines have been seen with, and one that reports no caches.
+const cpu_info zen3 = synthetic_cpu("AuthenticAMD", 0x19, 512 << 10, 32 << 20, 2);
+const cpu_info zen4 = synthetic_cpu("AuthenticAMD", 0x19, 1 << 20, 32 << 20, 8);
+const cpu_info xeon = synthetic_cpu("GenuineIntel", 6, 2 << 20, 105 << 20, 112);
+const cpu_info silent = synthetic_cpu("", 0, 0, 0, 1);
+
+std::size_t sysfs_size(int index) {
+  std::ifstream file("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+  std::size_t value = 0;
+  char unit = 0;
+  if (!(file >> value >> unit)) return 0;
+  return unit == 'M' ? value << 20 : unit == 'K' ? value << 10 : value;
+}
+
+}  // namespace
+
+TEST_CASE("host_cpu reads the vendor, family and caches the OS reports") {
+  const cpu_info& cpu = host_cpu();
+  MESSAGE("CPU: " << cpu.model_name << " (" << cpu.vendor << ", family " << cpu.family << ", model " << cpu.model
+                  << "), L1d " << cpu.l1d_bytes << ", L2 " << cpu.l2_bytes << ", L3 " << cpu.l3_bytes);
+  CHECK(!cpu.vendor.empty());
+  CHECK(cpu.family > 0);
+  // Linux fills sysfs from the same CPUID leaves: both must agree where both exist.
+  if (const std::size_t sysfs_l2 = sysfs_size(2); sysfs_l2 != 0) CHECK(cpu.l2_bytes == sysfs_l2);
+  if (const std::size_t sysfs_l1 = sysfs_size(0); sysfs_l1 != 0) CHECK(cpu.l1d_bytes == sysfs_l1);
+}
+
+TEST_CASE("each CPU kind gets its row; every path has a row for any CPU") {
+  CHECK(std::string(kernel_config_row_for(simd_path::avx512, zen4).name) == "avx512-zen4");
+  CHECK(std::string(kernel_config_row_for(simd_path::avx512, xeon).name) == "avx512-2x512");
+  CHECK(std::string(kernel_config_row_for(simd_path::avx512, silent).name) == "avx512-2x512");
+  for (const cpu_info* cpu : {&zen3, &zen4, &xeon, &silent}) {
+    CHECK(std::string(kernel_config_row_for(simd_path::avx2, *cpu).name) == "avx2");
+    CHECK(std::string(kernel_config_row_for(simd_path::sse2, *cpu).name) == "sse2");
+  }
+  CHECK(cpu_matches(cpu_class::amd_zen4, zen4));
+  CHECK_FALSE(cpu_matches(cpu_class::amd_zen4, xeon));
+  CHECK(std::string(kvhead::kernel_config_name()) == kernel_config_for(kvhead::active_simd_path()).row->name);
+}
+
+TEST_CASE("cache blocks follow the caches: A block within its share of L2, B block within L3, whole panels") {
+  for (const kernel_config_row& row : kernel_config_rows) {
+    for (const cpu_info* cpu : {&zen3, &zen4, &xeon, &silent}) {
+      CAPTURE(row.name);
+      CAPTURE(cpu->l2_bytes);
+      const kernel_config config = resolve_kernel_config(row, *cpu);
+      CHECK(config.kc == gemm_kc);
+      CHECK(config.mr == row.mr);
+      CHECK(config.nr == row.nr);
+      CHECK(config.mc % config.mr == 0);
+      CHECK(config.mc >= 4 * config.mr);
+      const std::size_t l2 = cpu->l2_bytes != 0 ? cpu->l2_bytes : 512 << 10;
+      CHECK(config.mc * config.kc * sizeof(float) <= l2 / row.a_block_share);
+      // Within one panel of the share: the block is as large as the share allows.
+      CHECK((config.mc + config.mr) * config.kc * sizeof(float) > l2 / row.a_block_share);
+      CHECK(config.nc % config.nr == 0);
+      CHECK(config.nc >= 512);
+      CHECK(config.nc <= 4096);
+      CHECK(!config.blocking_why.empty());
+    }
+  }
+  // Examples, by hand: Zen 3 (512 KiB L2) half of L2 = 256 rows of 1 KiB -> 252 (42 panels of 6);
+  // a Xeon's 2 MiB L2 -> 1024 rows -> 1020 (85 panels of 12); its 105 MiB L3 over 112 CPUs
+  // leaves 960 KiB a core: half of it is 480 columns of 1 KiB -> the floor of 512; a Zen 4 CCD's
+  // 32 MiB over 8 cores leaves 4 MiB: half is 2048 columns.
+  CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx2, zen3), zen3).mc == 252);
+  CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx512, xeon), xeon).mc == 1020);
+  CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx512, xeon), xeon).nc == 512);
+  CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx512, zen4), zen4).nc == 2048);
+}
+
+TEST_CASE("gemm: the same bits under any cache blocking of a path (MC, NC never order a sum)") {
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    CAPTURE(kvhead::to_string(path));
+    const gemm_config base = gemm_config_for(path);
+    const std::size_t m = 3 * base.mr * 4 + 5, n = 9 * base.nr + 3, k = 2 * base.kc + 17;
+    std::mt19937 generator(11);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<float> a(m * k), b(k * n);
+    for (float& x : a) x = uniform(generator);
+    for (float& x : b) x = uniform(generator);
+    // The shapes of the blockings the table can produce: the smallest MC and NC
+    // it allows, the largest, and odd ones in between.
+    for (std::size_t mc : {4 * base.mr, 7 * base.mr, base.mc, 1020 / base.mr * base.mr}) {
+      for (std::size_t nc : {std::size_t{512}, 3 * base.nr, base.nc}) {
+        for (bool trans_b : {false, true}) {
+          CAPTURE(mc);
+          CAPTURE(nc);
+          gemm_config blocking = base;
+          blocking.mc = mc;
+          blocking.nc = nc;
+          const gemm_operand b_op = trans_b ? gemm_operand{b.data(), k, transpose::yes}
+                                            : gemm_operand{b.data(), n, transpose::no};
+          std::vector<float> expected(m * n), got(m * n);
+          gemm({m, n, k}, 1.0f, {a.data(), k, transpose::no}, b_op, 0.0f, expected.data(), n, path);
+          gemm({m, n, k}, 1.0f, {a.data(), k, transpose::no}, b_op, 0.0f, got.data(), n, blocking);
+          CHECK(std::memcmp(expected.data(), got.data(), got.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
