@@ -1,62 +1,62 @@
-// Attention benchmarks (names fixed: outside tools read them).
-//   S2_prefill_gqa_causal/threads:<t>  batch 1, 32 q heads, 8 kv heads, d 128,
-//       1024 tokens, causal, projected Q/K/V in, attention only (8.59 GFLOP).
+// Attention benchmarks (names fixed: outside tools read them; shapes in
+// bench/shapes.hpp):
+//   S2_prefill_gqa_causal/threads:<t>  32/8 heads, d 128, 1024 tokens, causal,
+//       projected Q/K/V in, attention only (8.59 GFLOP);
 //   S3_mha_layer/threads:<t>  whole layer with projections: d_model 512,
 //       8 heads, batch 4, seq 512, no mask (6.44 GFLOP).
-#include <cmath>
-
+// Counters: gflops, gbps (inputs and outputs once), pct_peak.
 #include <tbb/task_arena.h>
 
 #include "bench/bench_util.hpp"
+#include "bench/kvhead_runs.hpp"
 #include "kvhead/attention.hpp"
+
+void kvhead::bench::kvhead_prefill(const prefill_shape& shape, const prefill_inputs& in, float* out) {
+  using view = head_tensor<const float>;
+  attention_options options;
+  options.causal = true;
+  scaled_dot_product_attention({1, shape.heads, shape.kv_heads, shape.tokens, shape.tokens, shape.head_dim},
+                               view::bhsd(in.q.data(), shape.heads, shape.tokens, shape.head_dim),
+                               view::bhsd(in.k.data(), shape.kv_heads, shape.tokens, shape.head_dim),
+                               view::bhsd(in.v.data(), shape.kv_heads, shape.tokens, shape.head_dim),
+                               head_tensor<float>::bhsd(out, shape.heads, shape.tokens, shape.head_dim), options);
+}
+
+kvhead::attention_layer kvhead::bench::kvhead_layer(const layer_shape& shape, const layer_inputs& in) {
+  return attention_layer(
+      {shape.heads, shape.heads, shape.head_dim, shape.d_model, {}, false, 0.0},
+      {{in.wq.data(), nullptr}, {in.wk.data(), nullptr}, {in.wv.data(), nullptr}, {in.wo.data(), nullptr}});
+}
+
+void kvhead::bench::run_prefill(benchmark::State& state, const prefill_shape& shape, int threads) {
+  const prefill_inputs in(shape);
+  std::vector<float> out(in.q.size());
+  tbb::task_arena arena(threads);
+  for (auto _ : state) {
+    arena.execute([&] { kvhead_prefill(shape, in, out.data()); });
+    benchmark::DoNotOptimize(out.data());
+  }
+  set_rates(state, shape.flops(), shape.bytes(), bound_by::fma_peak, threads);
+}
 
 namespace {
 
 void s2_prefill_gqa_causal(benchmark::State& state) {
-  constexpr std::size_t heads = 32, kv_heads = 8, head_dim = 128, tokens = 1024;
-  const auto q = kvhead::bench::random_floats(heads * tokens * head_dim, 1);
-  const auto k = kvhead::bench::random_floats(kv_heads * tokens * head_dim, 2);
-  const auto v = kvhead::bench::random_floats(kv_heads * tokens * head_dim, 3);
-  std::vector<float> out(q.size());
-  const kvhead::attention_dims dims{1, heads, kv_heads, tokens, tokens, head_dim};
-  using view = kvhead::head_tensor<const float>;
-  kvhead::attention_options options;
-  options.causal = true;
-  tbb::task_arena arena(int(state.range(0)));
-  for (auto _ : state) {
-    arena.execute([&] {
-      kvhead::scaled_dot_product_attention(
-          dims, view::bhsd(q.data(), heads, tokens, head_dim), view::bhsd(k.data(), kv_heads, tokens, head_dim),
-          view::bhsd(v.data(), kv_heads, tokens, head_dim),
-          kvhead::head_tensor<float>::bhsd(out.data(), heads, tokens, head_dim), options);
-    });
-    benchmark::DoNotOptimize(out.data());
-  }
-  // q kᵀ and p v over the causal triangle: 2 GEMMs x 2 flops x H x d x L(L+1)/2.
-  const double flops = 4.0 * heads * head_dim * (double(tokens) * (tokens + 1) / 2);
-  kvhead::bench::set_rates(state, flops, 4.0 * double(q.size() + k.size() + v.size() + out.size()));
+  kvhead::bench::run_prefill(state, kvhead::bench::s2_prefill_gqa_causal(), int(state.range(0)));
 }
 
 void s3_mha_layer(benchmark::State& state) {
-  constexpr std::size_t d_model = 512, heads = 8, head_dim = 64, batch = 4, seq = 512;
-  const float weight_scale = 1.0f / std::sqrt(float(d_model));
-  const auto wq = kvhead::bench::random_floats(d_model * d_model, 1, -weight_scale, weight_scale);
-  const auto wk = kvhead::bench::random_floats(d_model * d_model, 2, -weight_scale, weight_scale);
-  const auto wv = kvhead::bench::random_floats(d_model * d_model, 3, -weight_scale, weight_scale);
-  const auto wo = kvhead::bench::random_floats(d_model * d_model, 4, -weight_scale, weight_scale);
-  const kvhead::attention_layer layer(
-      {heads, heads, head_dim, d_model, {}, false, 0.0},
-      {{wq.data(), nullptr}, {wk.data(), nullptr}, {wv.data(), nullptr}, {wo.data(), nullptr}});
-  const auto x = kvhead::bench::random_floats(batch * seq * d_model, 5);
-  std::vector<float> y(x.size());
-  tbb::task_arena arena(int(state.range(0)));
+  const kvhead::bench::layer_shape shape = kvhead::bench::s3_mha_layer();
+  const kvhead::bench::layer_inputs in(shape);
+  const kvhead::attention_layer layer = kvhead::bench::kvhead_layer(shape, in);
+  std::vector<float> y(in.x.size());
+  const int threads = int(state.range(0));
+  tbb::task_arena arena(threads);
   for (auto _ : state) {
-    arena.execute([&] { layer.forward(x.data(), batch, seq, y.data()); });
+    arena.execute([&] { layer.forward(in.x.data(), shape.batch, shape.seq, y.data()); });
     benchmark::DoNotOptimize(y.data());
   }
-  const double projections = 4.0 * 2.0 * double(batch * seq) * d_model * d_model;
-  const double attention = 4.0 * double(batch * heads) * seq * seq * head_dim;
-  kvhead::bench::set_rates(state, projections + attention, 4.0 * double(2 * x.size() + 4 * wq.size()));
+  kvhead::bench::set_rates(state, shape.flops(), shape.bytes(), kvhead::bench::bound_by::fma_peak, threads);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Shared helpers of the benchmarks: seeded inputs and counters in the units
-// outside tools read (gflops in GFLOP/s, gbps in GB/s, elems_per_s).
+// outside tools read (gflops in GFLOP/s, gbps in GB/s, elems_per_s, and
+// pct_peak or pct_dram in percent of this machine's limit, bench/limits.hpp).
 #pragma once
 
 #include <cstddef>
@@ -7,6 +8,8 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
+
+#include "bench/limits.hpp"
 
 namespace kvhead::bench {
 
@@ -18,16 +21,32 @@ inline std::vector<float> random_floats(std::size_t count, unsigned seed, float 
   return values;
 }
 
-// Per-iteration work, reported as rates per second of real time.
-inline void set_rates(benchmark::State& state, double flops, double bytes) {
-  state.counters["gflops"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["gbps"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+// `amount` per iteration, reported per second (of real time for the
+// benchmarks that UseRealTime).
+inline benchmark::Counter rate(double amount) {
+  return benchmark::Counter(amount, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The limit that bounds a benchmark: the FMA peak (compute-bound, reported as
+// pct_peak) or the DRAM read bandwidth (memory-bound, pct_dram).
+enum class bound_by { fma_peak, dram_read };
+
+// Per-iteration flops and bytes as gflops and gbps, and the rate of the
+// bounding one in percent of that limit at the benchmark's thread count.
+inline void set_rates(benchmark::State& state, double flops, double bytes, bound_by limit, int threads) {
+  state.counters["gflops"] = rate(flops * 1e-9);
+  state.counters["gbps"] = rate(bytes * 1e-9);
+  if (limit == bound_by::fma_peak) {
+    state.counters["pct_peak"] = rate(flops * 1e-9 / fma_peak_gflops(threads) * 100.0);
+  } else {
+    state.counters["pct_dram"] = rate(bytes * 1e-9 / dram_read_gbps(threads) * 100.0);
+  }
 }
 
 // Per-iteration elements and bytes (read + written), as rates per second.
 inline void set_element_rates(benchmark::State& state, double elements, double bytes) {
-  state.counters["elems_per_s"] = benchmark::Counter(elements, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["gbps"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["elems_per_s"] = rate(elements);
+  state.counters["gbps"] = rate(bytes * 1e-9);
 }
 
 }  // namespace kvhead::bench

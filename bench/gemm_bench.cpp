@@ -1,6 +1,7 @@
 // GEMM: kvhead (packing included, as OpenBLAS), kvhead with B pre-packed (as
 // for weights), and OpenBLAS cblas_sgemm at the same thread count.
 // Names: gemm/M:<m>/N:<n>/K:<k>/threads:<t>, gemm_prepacked/..., gemm_openblas/...
+// Counters: gflops, gbps (A, B and C once), pct_peak.
 #include <cblas.h>
 
 #include <tbb/task_arena.h>
@@ -23,7 +24,8 @@ struct gemm_inputs {
         b(kvhead::bench::random_floats(k * n, 2)),
         c(m * n) {}
   void report(benchmark::State& state) const {
-    kvhead::bench::set_rates(state, 2.0 * double(m) * double(n) * double(k), 4.0 * double(m * k + k * n + m * n));
+    kvhead::bench::set_rates(state, 2.0 * double(m) * double(n) * double(k), 4.0 * double(m * k + k * n + m * n),
+                             kvhead::bench::bound_by::fma_peak, int(state.range(3)));
   }
 };
 

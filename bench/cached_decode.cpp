@@ -1,0 +1,53 @@
+#include "bench/cached_decode.hpp"
+
+#include <cmath>
+
+#include "engine/cache/kv_cache_internals.hpp"
+
+namespace kvhead::bench {
+namespace {
+
+kv_cache_config cache_config(const decode_shape& shape) {
+  kv_cache_config config;
+  config.num_kv_heads = shape.kv_heads;
+  config.head_dim = shape.head_dim;
+  config.block_size = shape.block_size;
+  std::size_t tokens = 0;
+  for (std::size_t past : shape.pasts) tokens += past + 1 + kv_cache_default_block_size;
+  config.capacity_bytes = tokens * 2 * shape.kv_heads * ((shape.head_dim + 31) / 32 * 32) * sizeof(float);
+  return config;
+}
+
+// The sequence's positions [past, length) as the rows from row0 of a call.
+engine::cached_rows rows(const kv_cache& cache, sequence_id id, std::size_t past, std::size_t row0) {
+  std::size_t count = 0;
+  const std::uint32_t* table = engine::kv_cache_internals::block_table(cache, id, &count);
+  return {table, cache.length(id), past, row0};
+}
+
+}  // namespace
+
+filled_cache::filled_cache(const decode_shape& shape) : cache(cache_config(shape)) {
+  const simd_path path = active_simd_path();
+  for (std::size_t i = 0; i < shape.pasts.size(); ++i) {
+    const sequence_id id = cache.create();
+    cache.append(id, shape.pasts[i] + 1);
+    const sequence_kv kv = decode_kv(shape, i);
+    engine::write_cached_kv(cache, 0, {rows(cache, id, 0, 0)}, kv.k.data(), kv.v.data(), path);
+    ids.push_back(id);
+  }
+}
+
+cached_decode::cached_decode(const decode_shape& shape) : shape_(shape), filled_(shape), calls_(shape.calls()) {
+  for (std::size_t i = 0; i < shape.pasts.size(); ++i) {
+    std::vector<engine::cached_rows>& call = calls_[i / shape.per_call];
+    call.push_back(rows(filled_.cache, filled_.ids[i], shape.pasts[i], call.size()));
+  }
+}
+
+void cached_decode::run(std::size_t call, const float* q, float* out) const {
+  engine::cached_attention(filled_.cache, 0, calls_[call], shape_.heads, q, out,
+                           1.0f / std::sqrt(float(shape_.head_dim)), active_simd_path());
+}
+
+}  // namespace kvhead::bench

@@ -1,0 +1,244 @@
+// The limit kernels and the cached limits (see limits.hpp).
+#include "bench/limits.hpp"
+
+#include <emmintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <tbb/parallel_for.h>
+
+#include "engine/arch/aligned_buffer.hpp"
+#include "kvhead/config.hpp"
+
+namespace kvhead::bench {
+namespace {
+
+// Loop trips per thread and run: a few milliseconds.
+constexpr std::uint64_t fma_loops = std::uint64_t(1) << 20;
+
+// Each loop trip is 12 independent register-to-register operations on zeroed
+// registers (0 * 0 + 0 stays 0: no denormals, no overflow), then dec + jnz.
+void fma_chains_avx512(std::uint64_t loops) {
+  asm volatile(
+      "vxorps %%xmm0, %%xmm0, %%xmm0\n\t"
+      "vxorps %%xmm1, %%xmm1, %%xmm1\n\t"
+      "vxorps %%xmm2, %%xmm2, %%xmm2\n\t"
+      "vxorps %%xmm3, %%xmm3, %%xmm3\n\t"
+      "vxorps %%xmm4, %%xmm4, %%xmm4\n\t"
+      "vxorps %%xmm5, %%xmm5, %%xmm5\n\t"
+      "vxorps %%xmm6, %%xmm6, %%xmm6\n\t"
+      "vxorps %%xmm7, %%xmm7, %%xmm7\n\t"
+      "vxorps %%xmm8, %%xmm8, %%xmm8\n\t"
+      "vxorps %%xmm9, %%xmm9, %%xmm9\n\t"
+      "vxorps %%xmm10, %%xmm10, %%xmm10\n\t"
+      "vxorps %%xmm11, %%xmm11, %%xmm11\n\t"
+      "vxorps %%xmm12, %%xmm12, %%xmm12\n\t"
+      "vxorps %%xmm13, %%xmm13, %%xmm13\n\t"
+      "1:\n\t"
+      "vfmadd231ps %%zmm13, %%zmm12, %%zmm0\n\t"
+      "vfmadd231ps %%zmm13, %%zmm12, %%zmm1\n\t"
+      "vfmadd231ps %%zmm13, %%zmm12, %%zmm2\n\t"
+      "vfmadd231ps %%zmm13, %%zmm12, %%zmm3\n\t"
+      "vfmadd231ps %%zmm13, %%zmm12, %%zmm4\n\t"
+      "vfmadd231ps %%zmm13, %%zmm12, %%zmm5\n\t"
+      "vfmadd231ps %%zmm13, %%zmm12, %%zmm6\n\t"
+      "vfmadd231ps %%zmm13, %%zmm12, %%zmm7\n\t"
+      "vfmadd231ps %%zmm13, %%zmm12, %%zmm8\n\t"
+      "vfmadd231ps %%zmm13, %%zmm12, %%zmm9\n\t"
+      "vfmadd231ps %%zmm13, %%zmm12, %%zmm10\n\t"
+      "vfmadd231ps %%zmm13, %%zmm12, %%zmm11\n\t"
+      "dec %[loops]\n\t"
+      "jnz 1b\n\t"
+      "vzeroupper"
+      : [loops] "+r"(loops)
+      :
+      : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+        "xmm13");
+}
+
+void fma_chains_avx2(std::uint64_t loops) {
+  asm volatile(
+      "vxorps %%xmm0, %%xmm0, %%xmm0\n\t"
+      "vxorps %%xmm1, %%xmm1, %%xmm1\n\t"
+      "vxorps %%xmm2, %%xmm2, %%xmm2\n\t"
+      "vxorps %%xmm3, %%xmm3, %%xmm3\n\t"
+      "vxorps %%xmm4, %%xmm4, %%xmm4\n\t"
+      "vxorps %%xmm5, %%xmm5, %%xmm5\n\t"
+      "vxorps %%xmm6, %%xmm6, %%xmm6\n\t"
+      "vxorps %%xmm7, %%xmm7, %%xmm7\n\t"
+      "vxorps %%xmm8, %%xmm8, %%xmm8\n\t"
+      "vxorps %%xmm9, %%xmm9, %%xmm9\n\t"
+      "vxorps %%xmm10, %%xmm10, %%xmm10\n\t"
+      "vxorps %%xmm11, %%xmm11, %%xmm11\n\t"
+      "vxorps %%xmm12, %%xmm12, %%xmm12\n\t"
+      "vxorps %%xmm13, %%xmm13, %%xmm13\n\t"
+      "1:\n\t"
+      "vfmadd231ps %%ymm13, %%ymm12, %%ymm0\n\t"
+      "vfmadd231ps %%ymm13, %%ymm12, %%ymm1\n\t"
+      "vfmadd231ps %%ymm13, %%ymm12, %%ymm2\n\t"
+      "vfmadd231ps %%ymm13, %%ymm12, %%ymm3\n\t"
+      "vfmadd231ps %%ymm13, %%ymm12, %%ymm4\n\t"
+      "vfmadd231ps %%ymm13, %%ymm12, %%ymm5\n\t"
+      "vfmadd231ps %%ymm13, %%ymm12, %%ymm6\n\t"
+      "vfmadd231ps %%ymm13, %%ymm12, %%ymm7\n\t"
+      "vfmadd231ps %%ymm13, %%ymm12, %%ymm8\n\t"
+      "vfmadd231ps %%ymm13, %%ymm12, %%ymm9\n\t"
+      "vfmadd231ps %%ymm13, %%ymm12, %%ymm10\n\t"
+      "vfmadd231ps %%ymm13, %%ymm12, %%ymm11\n\t"
+      "dec %[loops]\n\t"
+      "jnz 1b\n\t"
+      "vzeroupper"
+      : [loops] "+r"(loops)
+      :
+      : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+        "xmm13");
+}
+
+// Six multiply chains and six add chains: the two kinds issue to separate
+// ports on Zen and to the same two on Intel; 12 chains cover both.
+void fma_chains_sse2(std::uint64_t loops) {
+  asm volatile(
+      "xorps %%xmm0, %%xmm0\n\t"
+      "xorps %%xmm1, %%xmm1\n\t"
+      "xorps %%xmm2, %%xmm2\n\t"
+      "xorps %%xmm3, %%xmm3\n\t"
+      "xorps %%xmm4, %%xmm4\n\t"
+      "xorps %%xmm5, %%xmm5\n\t"
+      "xorps %%xmm6, %%xmm6\n\t"
+      "xorps %%xmm7, %%xmm7\n\t"
+      "xorps %%xmm8, %%xmm8\n\t"
+      "xorps %%xmm9, %%xmm9\n\t"
+      "xorps %%xmm10, %%xmm10\n\t"
+      "xorps %%xmm11, %%xmm11\n\t"
+      "xorps %%xmm12, %%xmm12\n\t"
+      "1:\n\t"
+      "mulps %%xmm12, %%xmm0\n\t"
+      "mulps %%xmm12, %%xmm1\n\t"
+      "mulps %%xmm12, %%xmm2\n\t"
+      "mulps %%xmm12, %%xmm3\n\t"
+      "mulps %%xmm12, %%xmm4\n\t"
+      "mulps %%xmm12, %%xmm5\n\t"
+      "addps %%xmm12, %%xmm6\n\t"
+      "addps %%xmm12, %%xmm7\n\t"
+      "addps %%xmm12, %%xmm8\n\t"
+      "addps %%xmm12, %%xmm9\n\t"
+      "addps %%xmm12, %%xmm10\n\t"
+      "addps %%xmm12, %%xmm11\n\t"
+      "dec %[loops]\n\t"
+      "jnz 1b"
+      : [loops] "+r"(loops)
+      :
+      : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+        "xmm12");
+}
+
+struct fma_kernel {
+  void (*chains)(std::uint64_t loops);
+  double flops_per_loop;  // 12 instructions x lanes, x 2 for an FMA
+};
+
+fma_kernel fma_kernel_for(simd_path path) {
+  if (path == simd_path::avx512) return {fma_chains_avx512, 12 * 16 * 2};
+  if (path == simd_path::avx2) return {fma_chains_avx2, 12 * 8 * 2};
+  return {fma_chains_sse2, 12 * 4};
+}
+
+// 1 GiB of floats, touched once, alive for the whole process.
+constexpr std::size_t dram_floats = std::size_t(1) << 28;
+
+const float* dram_buffer() {
+  static const engine::aligned_buffer buffer = [] {
+    engine::aligned_buffer touched(dram_floats);
+    std::fill_n(touched.data(), dram_floats, 1.0f);
+    return touched;
+  }();
+  return buffer.data();
+}
+
+// Sum of n floats (n a multiple of 32, p 16-byte aligned) with 8 independent
+// SSE2 accumulators: two loads per cycle, far more than DRAM delivers.
+float stream_sum(const float* p, std::size_t n) {
+  __m128 sums[8];
+  for (__m128& sum : sums) sum = _mm_setzero_ps();
+  for (std::size_t i = 0; i < n; i += 32) {
+    for (int j = 0; j < 8; ++j) sums[j] = _mm_add_ps(sums[j], _mm_load_ps(p + i + 4 * j));
+  }
+  for (int j = 1; j < 8; ++j) sums[0] = _mm_add_ps(sums[0], sums[j]);
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, sums[0]);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+// Runs `run` (which returns the work it did) for about 0.3 s after one
+// warm-up run; the median rate in units per second.
+template <class Run>
+double median_rate(Run run) {
+  using clock = std::chrono::steady_clock;
+  run();
+  std::vector<double> rates;
+  const clock::time_point start = clock::now();
+  while (clock::now() - start < std::chrono::milliseconds(300) || rates.size() < 3) {
+    const clock::time_point begin = clock::now();
+    const double work = run();
+    rates.push_back(work / std::chrono::duration<double>(clock::now() - begin).count());
+  }
+  std::nth_element(rates.begin(), rates.begin() + std::ptrdiff_t(rates.size() / 2), rates.end());
+  return rates[rates.size() / 2];
+}
+
+// The limit `run` measures at `threads` threads, in giga-units per second,
+// measured on first use.
+double cached_limit(std::map<int, double>& measured, int threads, double (limit_kernels::*run)()) {
+  auto [entry, missing] = measured.try_emplace(threads, 0.0);
+  if (missing) {
+    limit_kernels kernels(threads);
+    entry->second = median_rate([&] { return (kernels.*run)(); }) * 1e-9;
+  }
+  return entry->second;
+}
+
+}  // namespace
+
+limit_kernels::limit_kernels(int threads) : threads_(threads), arena_(threads) {}
+
+double limit_kernels::fma_flops() {
+  const fma_kernel kernel = fma_kernel_for(active_simd_path());
+  arena_.execute([&] {
+    tbb::parallel_for(
+        0, threads_, [&](int) { kernel.chains(fma_loops); }, tbb::static_partitioner{});
+  });
+  return kernel.flops_per_loop * double(fma_loops) * threads_;
+}
+
+double limit_kernels::dram_bytes() {
+  const float* buffer = dram_buffer();
+  const std::size_t slice = dram_floats / std::size_t(threads_) / 32 * 32;
+  arena_.execute([&] {
+    tbb::parallel_for(
+        0, threads_,
+        [&](int t) {
+          const float sum = stream_sum(buffer + std::size_t(t) * slice, slice);
+          benchmark::DoNotOptimize(sum);
+        },
+        tbb::static_partitioner{});
+  });
+  return double(slice * std::size_t(threads_) * sizeof(float));
+}
+
+double fma_peak_gflops(int threads) {
+  static std::map<int, double> measured;
+  return cached_limit(measured, threads, &limit_kernels::fma_flops);
+}
+
+double dram_read_gbps(int threads) {
+  static std::map<int, double> measured;
+  return cached_limit(measured, threads, &limit_kernels::dram_bytes);
+}
+
+}  // namespace kvhead::bench

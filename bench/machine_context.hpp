@@ -1,0 +1,13 @@
+// The benchmark report's description of this machine: the CPU model (from
+// /proc/cpuinfo), the SIMD path in use and the limits measured by this run
+// (bench/limits.hpp), as context entries of the report (and of its JSON):
+//   cpu_model, simd_path, fma_peak_gflops/threads:<t>, dram_read_gbps/threads:<t>
+// for t = 1 and 2, the thread counts of the benchmarks.
+#pragma once
+
+namespace kvhead::bench {
+
+/// Measures the limits (if not yet measured) and adds the entries.
+void add_machine_context();
+
+}  // namespace kvhead::bench

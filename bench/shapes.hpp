@@ -1,0 +1,120 @@
+// The attention shapes S1-S5 of the benchmarks: geometry, seeded inputs and
+// the flop and byte formulas, shared by the kvhead benchmarks, their textbook
+// baselines and the sweeps, so every ratio between them is direct.
+//   S1_decode_gqa       32 q heads, 8 kv heads, d 128, past 4096, rotating
+//                       over 5 sequences (168 MB of K/V) so K/V come from DRAM;
+//   S2_prefill_gqa_causal  32/8 heads, d 128, 1024 tokens, causal, attention
+//                       only (8.59 GFLOP);
+//   S3_mha_layer        whole layer: d_model 512, 8 heads, batch 4, seq 512, no
+//                       mask (6.44 GFLOP);
+//   S4_decode_mqa       32 q heads, 1 kv head, d 128, past 8192, 16 sequences;
+//   S5_decode_ragged16  16 sequences, pasts 256..4096 evenly, 32/8 heads, d
+//                       128, one batched call (285 MB).
+// Decode counts (attention only, one new token per sequence): flops 4 H d
+// (past + 1), bytes the K/V read. Prefill: flops 4 H d L(L+1)/2 (q kᵀ and p v
+// over the causal triangle), bytes q, k, v and out once.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "bench/bench_util.hpp"
+
+namespace kvhead::bench {
+
+struct decode_shape {
+  std::size_t heads, kv_heads, head_dim;
+  std::vector<std::size_t> pasts;  // one sequence each: past + 1 cached keys
+  std::size_t per_call = 1;        // sequences per call; calls rotate over pasts.size() / per_call groups
+  std::size_t block_size = 0;      // cache tokens per block, 0: the cache's default
+
+  std::size_t calls() const { return pasts.size() / per_call; }
+  // The sequences of the first call only (the same data: inputs are seeded per sequence).
+  decode_shape first_call() const {
+    decode_shape first = *this;
+    first.pasts.resize(per_call);
+    return first;
+  }
+  // Per call, averaged over the rotation.
+  double flops_per_call() const { return 4.0 * double(heads * head_dim) * keys() / double(calls()); }
+  double bytes_per_call() const { return 2.0 * double(kv_heads * head_dim) * sizeof(float) * keys() / double(calls()); }
+
+ private:
+  double keys() const {
+    double total = 0.0;
+    for (std::size_t past : pasts) total += double(past + 1);
+    return total;
+  }
+};
+
+inline decode_shape s1_decode_gqa() { return {32, 8, 128, std::vector<std::size_t>(5, 4096)}; }
+inline decode_shape s4_decode_mqa() { return {32, 1, 128, std::vector<std::size_t>(16, 8192)}; }
+inline decode_shape s5_decode_ragged16() {
+  std::vector<std::size_t> pasts;
+  for (std::size_t i = 0; i < 16; ++i) pasts.push_back(256 + i * (4096 - 256) / 15);
+  return {32, 8, 128, pasts, 16};
+}
+
+// Sequence i's cached keys and values, [past + 1, kv_heads, head_dim] each.
+struct sequence_kv {
+  std::vector<float> k, v;
+};
+inline sequence_kv decode_kv(const decode_shape& shape, std::size_t i) {
+  const std::size_t values = (shape.pasts[i] + 1) * shape.kv_heads * shape.head_dim;
+  return {random_floats(values, unsigned(i + 1)), random_floats(values, unsigned(i + 1001))};
+}
+// The new tokens' queries of one call, [per_call, heads, head_dim].
+inline std::vector<float> decode_queries(const decode_shape& shape) {
+  return random_floats(shape.per_call * shape.heads * shape.head_dim, 7);
+}
+
+struct prefill_shape {
+  std::size_t heads, kv_heads, head_dim, tokens;
+
+  double flops() const { return 4.0 * double(heads * head_dim) * (double(tokens) * double(tokens + 1) / 2); }
+  double bytes() const { return 4.0 * double(tokens * head_dim) * double(2 * heads + 2 * kv_heads); }
+};
+
+inline prefill_shape s2_prefill_gqa_causal() { return {32, 8, 128, 1024}; }
+
+// Projected q [heads, tokens, head_dim], k and v [kv_heads, tokens, head_dim].
+struct prefill_inputs {
+  std::vector<float> q, k, v;
+  explicit prefill_inputs(const prefill_shape& s)
+      : q(random_floats(s.heads * s.tokens * s.head_dim, 1)),
+        k(random_floats(s.kv_heads * s.tokens * s.head_dim, 2)),
+        v(random_floats(s.kv_heads * s.tokens * s.head_dim, 3)) {}
+};
+
+struct layer_shape {
+  std::size_t d_model, heads, head_dim, batch, seq;
+
+  double flops() const {
+    const double projections = 4.0 * 2.0 * double(batch * seq) * double(d_model * d_model);
+    const double attention = 4.0 * double(batch * heads) * double(seq * seq) * double(head_dim);
+    return projections + attention;
+  }
+  double bytes() const { return 4.0 * double(2 * batch * seq * d_model + 4 * d_model * d_model); }
+};
+
+inline layer_shape s3_mha_layer() { return {512, 8, 64, 4, 512}; }
+
+// nn.Linear weights [d_model, d_model] (no bias) and the input x [batch, seq, d_model].
+struct layer_inputs {
+  std::vector<float> wq, wk, wv, wo, x;
+  explicit layer_inputs(const layer_shape& s)
+      : wq(weights(s, 1)),
+        wk(weights(s, 2)),
+        wv(weights(s, 3)),
+        wo(weights(s, 4)),
+        x(random_floats(s.batch * s.seq * s.d_model, 5)) {}
+
+ private:
+  static std::vector<float> weights(const layer_shape& s, unsigned seed) {
+    const float scale = 1.0f / std::sqrt(float(s.d_model));
+    return random_floats(s.d_model * s.d_model, seed, -scale, scale);
+  }
+};
+
+}  // namespace kvhead::bench
