@@ -11,7 +11,8 @@
 //
 // fma_peak_gflops(t) and dram_read_gbps(t) are the limits the other benchmarks
 // report their pct_peak and pct_dram against: measured once per thread count,
-// on first use, over about 0.3 s (the median of the runs in that time), then
+// on first use, over about 0.3 s (the best of the runs in that time: noise
+// only slows a run), then
 // cached for the rest of the process.
 #pragma once
 
