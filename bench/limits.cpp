@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <vector>
 
 #include <benchmark/benchmark.h>
 #include <tbb/parallel_for.h>
