@@ -1,11 +1,13 @@
 // The public attention API: validation at the boundary, then the engine.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "engine/arch/require.hpp"
+#include "engine/arch/scratch.hpp"
 #include "engine/attention/flash_attention.hpp"
 #include "engine/attention/layer_impl.hpp"
 #include "engine/gemm/gemm.hpp"
@@ -43,6 +45,12 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
                   [&] { return std::string("scaled_dot_product_attention: q or out is null"); });
   engine::require(empty_queries || dims.kv_len == 0 || (k.data != nullptr && v.data != nullptr),
                   [&] { return std::string("scaled_dot_product_attention: k or v is null"); });
+  engine::require(empty_queries || dims.kv_len == 0 || (k.seq_stride >= dims.head_dim && v.seq_stride >= dims.head_dim),
+                  [&] {
+                    return "scaled_dot_product_attention: k and v rows overlap (seq_stride " +
+                           std::to_string(std::min(k.seq_stride, v.seq_stride)) + " < head_dim " +
+                           std::to_string(dims.head_dim) + ")";
+                  });
   std::size_t q_offset = 0;
   if (options.q_offset) {
     q_offset = *options.q_offset;
@@ -104,10 +112,40 @@ attention_config validated(attention_config config) {
 
 namespace engine {
 
-linear::linear(const char* name, const linear_weights& weights, std::size_t in_features, std::size_t out_features)
-    : weight_(in_features, out_features, {non_null(name, weights.weight), in_features, transpose::yes}),
-      bias_(weights.bias != nullptr ? std::vector<float>(weights.bias, weights.bias + out_features)
-                                    : std::vector<float>()) {}
+namespace {
+
+// Wᵀ of the stacked parts, packed (the stacked copy only while packing).
+packed_b pack_stacked(std::size_t in_features, std::initializer_list<linear_part> parts) {
+  std::size_t out_features = 0;
+  for (const linear_part& part : parts) {
+    non_null(part.name, part.weights.weight);
+    out_features += part.out_features;
+  }
+  if (parts.size() == 1)
+    return packed_b(in_features, out_features, {parts.begin()->weights.weight, in_features, transpose::yes});
+  std::vector<float> stacked;
+  stacked.reserve(out_features * in_features);
+  for (const linear_part& part : parts)
+    stacked.insert(stacked.end(), part.weights.weight, part.weights.weight + part.out_features * in_features);
+  return packed_b(in_features, out_features, {stacked.data(), in_features, transpose::yes});
+}
+
+std::vector<float> stacked_bias(std::initializer_list<linear_part> parts) {
+  std::vector<float> bias;
+  if (std::none_of(parts.begin(), parts.end(), [](const linear_part& part) { return part.weights.bias != nullptr; }))
+    return bias;
+  for (const linear_part& part : parts)
+    if (part.weights.bias != nullptr)
+      bias.insert(bias.end(), part.weights.bias, part.weights.bias + part.out_features);
+    else
+      bias.insert(bias.end(), part.out_features, -0.0f);
+  return bias;
+}
+
+}  // namespace
+
+linear::linear(std::size_t in_features, std::initializer_list<linear_part> parts)
+    : weight_(pack_stacked(in_features, parts)), bias_(stacked_bias(parts)) {}
 
 void linear::apply(const float* x, std::size_t rows, float* y) const {
   const std::size_t out_features = weight_.n();
@@ -121,23 +159,19 @@ void linear::apply(const float* x, std::size_t rows, float* y) const {
 
 attention_layer::impl::impl(const attention_config& checked, const attention_weights& weights)
     : config(checked),
-      q_proj("q_proj", weights.q_proj, checked.d_model, checked.num_heads * checked.head_dim),
-      k_proj("k_proj", weights.k_proj, checked.d_model, checked.num_kv_heads * checked.head_dim),
-      v_proj("v_proj", weights.v_proj, checked.d_model, checked.num_kv_heads * checked.head_dim),
-      o_proj("o_proj", weights.o_proj, checked.num_heads * checked.head_dim, checked.d_model),
+      qkv_proj(checked.d_model, {{"q_proj", weights.q_proj, checked.num_heads * checked.head_dim},
+                                 {"k_proj", weights.k_proj, checked.num_kv_heads * checked.head_dim},
+                                 {"v_proj", weights.v_proj, checked.num_kv_heads * checked.head_dim}}),
+      o_proj(checked.num_heads * checked.head_dim, {{"o_proj", weights.o_proj, checked.d_model}}),
       rotary(checked.head_dim, checked.rope_theta) {}
 
-void attention_layer::impl::project(const float* x, std::size_t rows, const std::size_t* positions, float* q, float* k,
-                                    float* v) const {
-  const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
-  q_proj.apply(x, rows, q);
-  k_proj.apply(x, rows, k);
-  v_proj.apply(x, rows, v);
-  if (config.rope_theta == 0.0) return;
-  for (std::size_t row = 0; row < rows; ++row) {
-    rotary.apply(q + row * heads * head_dim, heads, head_dim, positions[row]);
-    rotary.apply(k + row * kv_heads * head_dim, kv_heads, head_dim, positions[row]);
-  }
+std::size_t attention_layer::impl::qkv_width() const {
+  return (config.num_heads + 2 * config.num_kv_heads) * config.head_dim;
+}
+
+void attention_layer::impl::project(const float* x, std::size_t rows, const std::size_t* positions, float* qkv) const {
+  qkv_proj.apply(x, rows, qkv);
+  rotary.apply(qkv, rows, qkv_width(), config.num_heads + config.num_kv_heads, positions);
 }
 
 attention_layer::attention_layer(const attention_config& config, const attention_weights& weights)
@@ -148,6 +182,15 @@ attention_layer& attention_layer::operator=(attention_layer&&) noexcept = defaul
 
 const attention_config& attention_layer::config() const { return impl_->config; }
 
+namespace {
+
+// The cache-free forward's row positions, reused across calls on a thread.
+struct forward_workspace {
+  std::vector<std::size_t> positions;
+};
+
+}  // namespace
+
 void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq, float* y) const {
   const attention_config& config = impl_->config;
   const std::size_t rows = batch * seq;
@@ -155,15 +198,19 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
   engine::require(x != nullptr && y != nullptr,
                   [&] { return std::string("attention_layer::forward: x or y is null"); });
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
-  // q [rows, H d], k and v [rows, G d] (layout [batch, seq, heads, d]).
-  std::vector<float> q(rows * heads * head_dim), k(rows * kv_heads * head_dim), v(rows * kv_heads * head_dim),
-      attended(rows * heads * head_dim);
-  std::vector<std::size_t> positions(rows);
-  for (std::size_t row = 0; row < rows; ++row) positions[row] = row % seq;
+  // qkv [batch, seq, H + 2G heads, d]: q, k and v are views into it.
+  const std::size_t width = impl_->qkv_width();
+  const engine::scratch_lease qkv(rows * width), attended(rows * heads * head_dim);
+  const engine::reusable<forward_workspace> work;
+  work->positions.resize(rows);
+  for (std::size_t row = 0; row < rows; ++row) work->positions[row] = row % seq;
+  auto view = [&](std::size_t first_head) {
+    return head_tensor<const float>{qkv.data() + first_head * head_dim, seq * width, head_dim, width};
+  };
   const engine::attention_problem problem{{batch, heads, kv_heads, seq, seq, head_dim},
-                                          head_tensor<const float>::bshd(q.data(), heads, seq, head_dim),
-                                          head_tensor<const float>::bshd(k.data(), kv_heads, seq, head_dim),
-                                          head_tensor<const float>::bshd(v.data(), kv_heads, seq, head_dim),
+                                          view(0),
+                                          view(heads),
+                                          view(heads + kv_heads),
                                           head_tensor<float>::bshd(attended.data(), heads, seq, head_dim),
                                           *config.scale,
                                           config.causal,
@@ -173,7 +220,7 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
                                           active_simd_path()};
   engine::run_in_arena([&] {
     // 1-2. Projections, and RoPE at positions 0..seq-1 of each sequence.
-    impl_->project(x, rows, positions.data(), q.data(), k.data(), v.data());
+    impl_->project(x, rows, work->positions.data(), qkv.data());
     // 3. Attention.
     engine::flash_attention(problem);
     // 4. Output projection.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <memory>
 #include <utility>
 #include <vector>
 
@@ -10,6 +9,7 @@
 #include <tbb/task_arena.h>
 
 #include "engine/arch/scratch.hpp"
+#include "engine/gemm/pack.hpp"
 #include "engine/scheduler/split_schedule.hpp"
 #include "engine/softmax/softmax.hpp"
 
@@ -36,28 +36,52 @@ bool all_finite(const packed_b_view& values, std::size_t rows) {
   return true;
 }
 
-// User K and V of one (batch, kv head), packed once per chunk.
-class packed_kv_source final : public kv_chunk_source {
+// True when rows [0, rows) of a V read in place (cols floats each) are finite.
+bool all_finite(const gemm_operand& values, std::size_t rows, std::size_t cols) {
+  for (std::size_t row = 0; row < rows; ++row)
+    for (std::size_t col = 0; col < cols; ++col)
+      if (!std::isfinite(values.data[row * values.ld + col])) return false;
+  return true;
+}
+
+// User K and V of one (batch, kv head), chunk c's Kᵀ packed at keys +
+// c * key_floats (flash_attention packs them); V packed likewise, or read in
+// place when `values` is null.
+struct user_kv_layout {
+  const float* keys;
+  std::size_t key_floats;
+  const float* values;
+  std::size_t value_floats;
+};
+
+class user_kv_source final : public kv_chunk_source {
  public:
-  packed_kv_source(const attention_problem& problem, std::size_t batch, std::size_t kv_head, std::size_t keys) {
-    const std::size_t head_dim = problem.dims.head_dim;
-    const float* k = problem.k.data + batch * problem.k.batch_stride + kv_head * problem.k.head_stride;
-    const float* v = problem.v.data + batch * problem.v.batch_stride + kv_head * problem.v.head_stride;
-    for (std::size_t key0 = 0; key0 < keys; key0 += kv_chunk) {
-      const std::size_t width = std::min(kv_chunk, keys - key0);
-      keys_.emplace_back(head_dim, width,
-                         gemm_operand{k + key0 * problem.k.seq_stride, problem.k.seq_stride, transpose::yes},
-                         problem.path);
-      values_.emplace_back(width, head_dim,
-                           gemm_operand{v + key0 * problem.v.seq_stride, problem.v.seq_stride, transpose::no},
-                           problem.path);
-    }
+  user_kv_source(const user_kv_layout& packed, std::size_t keys, const float* v, std::size_t v_seq_stride,
+                 std::size_t head_dim, simd_path path)
+      : packed_(packed), keys_(keys), v_(v), v_seq_stride_(v_seq_stride), head_dim_(head_dim), path_(path) {}
+
+  kv_chunk_view chunk(std::size_t index, float*) const override {
+    const std::size_t key0 = index * kv_chunk, width = std::min(kv_chunk, keys_ - key0);
+    const packed_b_view keys{packed_.keys + index * packed_.key_floats, head_dim_, width, path_};
+    if (packed_.values != nullptr)
+      return {keys, {packed_.values + index * packed_.value_floats, width, head_dim_, path_}, {}};
+    return {keys, {}, {v_ + key0 * v_seq_stride_, v_seq_stride_, transpose::no}};
   }
-  kv_chunk_view chunk(std::size_t index, float*) const override { return {keys_[index].view(), values_[index].view()}; }
 
  private:
-  std::vector<packed_b> keys_, values_;
+  user_kv_layout packed_;
+  std::size_t keys_;
+  const float* v_;
+  std::size_t v_seq_stride_, head_dim_;
+  simd_path path_;
 };
+
+// op(B) (k x n) in the packed_b layout (gemm.hpp): KC-deep blocks of NR-wide
+// panels, columns past n zero.
+void pack_operand(gemm_operand b, std::size_t k, std::size_t n, const gemm_config& config, float* packed) {
+  for (std::size_t k0 = 0; k0 < k; k0 += config.kc)
+    pack_b(b, k0, std::min(config.kc, k - k0), 0, n, config.nr, packed + pack_b_offset(config, k, n, k0, 0));
+}
 
 }  // namespace
 
@@ -80,22 +104,34 @@ std::size_t tile_chunks(const attention_tile& tile) {
   return ceil_div(tile.visible_end(tile.position0 + tile.positions - 1), kv_chunk);
 }
 
-// Per-task buffers of one tile. Row = position * R + head in group.
+// A partial of every row of a tile: max [rows], sum [rows], then acc [rows x d].
+std::size_t partial_floats(const attention_tile& tile) { return tile.positions * tile.group * (tile.head_dim + 2); }
+
+// Per-task buffers of one tile (row = position * R + head in group). Every
+// task of run_tiles — a whole tile, a range of a split one, a merge of some
+// of its rows — leases all of them, in this order, used or not: each level of
+// a thread's scratch stack (engine/arch/scratch.hpp) then always serves the
+// same buffer of a tile shape and stops growing once the shape has been seen,
+// whichever kind of task the thread happens to run first.
 struct tile_scratch {
-  scratch_lease q_rows, scores, partial, assembly;
+  scratch_lease running, q_rows, scores, partial, assembly;
   tile_scratch(const attention_tile& tile, const kv_chunk_source& source)
-      : q_rows(tile.positions * tile.group * tile.head_dim),
+      : running(partial_floats(tile)),
+        q_rows(tile.positions * tile.group * tile.head_dim),
         scores(tile.positions * tile.group * kv_chunk),
-        partial(tile.positions * tile.group * (tile.head_dim + 2)),
-        assembly(source.assembly_floats()) {
-    for (std::size_t i = 0; i < tile.positions; ++i)
-      for (std::size_t r = 0; r < tile.group; ++r) {
-        const float* row =
-            tile.q + (tile.kv_head * tile.group + r) * tile.q_head_stride + (tile.position0 + i) * tile.q_seq_stride;
-        std::copy(row, row + tile.head_dim, q_rows.data() + (i * tile.group + r) * tile.head_dim);
-      }
-  }
+        partial(partial_floats(tile)),
+        assembly(source.assembly_floats()) {}
 };
+
+// The tile's query rows, stacked: row i * R + r is position i of head r of the group.
+void gather_queries(const attention_tile& tile, float* q_rows) {
+  for (std::size_t i = 0; i < tile.positions; ++i)
+    for (std::size_t r = 0; r < tile.group; ++r) {
+      const float* row =
+          tile.q + (tile.kv_head * tile.group + r) * tile.q_head_stride + (tile.position0 + i) * tile.q_seq_stride;
+      std::copy(row, row + tile.head_dim, q_rows + (i * tile.group + r) * tile.head_dim);
+    }
+}
 
 // 2. Chunk `chunk`'s partial of every row: (max, sum) and acc [rows x d].
 // Rows that see no key of the chunk are left as they are (never merged).
@@ -137,12 +173,21 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   // positions with equal prefixes get their own GEMMs, so a hidden non-finite
   // value never meets a zero probability.
   const std::size_t widest = visible(positions - 1);
+  const bool in_place = view.values_in_place.data != nullptr;
   auto multiply_pv = [&](std::size_t first_position, std::size_t end_position, std::size_t depth) {
     const std::size_t row0 = first_position * group;
-    gemm({(end_position - first_position) * group, head_dim, depth}, 1.0f,
-         {scores + row0 * kv_chunk, kv_chunk, transpose::no}, view.values, 0.0f, acc + row0 * head_dim, head_dim);
+    const gemm_shape shape{(end_position - first_position) * group, head_dim, depth};
+    const gemm_operand probabilities{scores + row0 * kv_chunk, kv_chunk, transpose::no};
+    float* const target = acc + row0 * head_dim;
+    if (in_place)
+      gemm(shape, 1.0f, probabilities, view.values_in_place, 0.0f, target, head_dim, tile.path);
+    else
+      gemm(shape, 1.0f, probabilities, view.values, 0.0f, target, head_dim);
   };
-  if (visible(0) == widest || all_finite(view.values, widest)) {
+  auto values_finite = [&] {
+    return in_place ? all_finite(view.values_in_place, widest, head_dim) : all_finite(view.values, widest);
+  };
+  if (visible(0) == widest || values_finite()) {
     for (std::size_t row = 0; row < rows; ++row)
       std::fill(scores + row * kv_chunk + visible(row / group), scores + row * kv_chunk + widest, 0.0f);
     if (widest > 0) multiply_pv(0, positions, widest);
@@ -156,9 +201,6 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     }
   }
 }
-
-// A partial of every row of a tile: max [rows], sum [rows], then acc [rows x d].
-std::size_t partial_floats(const attention_tile& tile) { return tile.positions * tile.group * (tile.head_dim + 2); }
 
 // A range of a tile's rows (row = position * R + head in group).
 struct row_range {
@@ -202,8 +244,8 @@ void write_output(const attention_tile& tile, const float* running, row_range ra
 // Computes the partials of chunks [begin, end): merged into `running` as they
 // come when `stored` is null, else each kept at stored + (c - begin) * size.
 void process_chunks(const attention_tile& tile, const kv_chunk_source& source, std::size_t begin, std::size_t end,
-                    float* running, float* stored) {
-  tile_scratch scratch(tile, source);
+                    float* running, float* stored, tile_scratch& scratch) {
+  gather_queries(tile, scratch.q_rows.data());
   for (std::size_t chunk = begin; chunk < end; ++chunk) {
     float* partial = stored != nullptr ? stored + (chunk - begin) * partial_floats(tile) : scratch.partial.data();
     chunk_partial(tile, source, chunk, scratch, partial);
@@ -263,21 +305,22 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
     const work_task& task = plan.tasks[index];
     const attention_tile& tile = tiles[task.unit];
     const gemm_serial_scope serial;  // one task per tile or range already keeps the threads busy
+    tile_scratch scratch(tile, *sources[task.unit]);
     if (plan.split[task.unit]) {
       float* slot = stored.data() + work->offset[task.unit] + task.chunk_begin * partial_floats(tile);
       if (fixed_order) {
-        process_chunks(tile, *sources[task.unit], task.chunk_begin, task.chunk_end, nullptr, slot);
+        process_chunks(tile, *sources[task.unit], task.chunk_begin, task.chunk_end, nullptr, slot, scratch);
       } else {
         clear_partial(tile, slot, all_rows(tile));
-        process_chunks(tile, *sources[task.unit], task.chunk_begin, task.chunk_end, slot, nullptr);
+        process_chunks(tile, *sources[task.unit], task.chunk_begin, task.chunk_end, slot, nullptr, scratch);
         work->range_start[work->first_slot[task.unit] + task.chunk_begin] = 1;
       }
       return;
     }
-    scratch_lease running(partial_floats(tile));
-    clear_partial(tile, running.data(), all_rows(tile));
-    process_chunks(tile, *sources[task.unit], 0, work->units[task.unit].chunks, running.data(), nullptr);
-    write_output(tile, running.data(), all_rows(tile));
+    float* const running = scratch.running.data();
+    clear_partial(tile, running, all_rows(tile));
+    process_chunks(tile, *sources[task.unit], 0, work->units[task.unit].chunks, running, nullptr, scratch);
+    write_output(tile, running, all_rows(tile));
   });
   // Split tiles: merge the stored partials left to right, then normalize;
   // rows are independent, so blocks of rows run in parallel.
@@ -290,21 +333,39 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
     const auto& [t, range] = work->merges[index];
     const attention_tile& tile = tiles[t];
     const float* partials = stored.data() + work->offset[t];
-    scratch_lease running(partial_floats(tile));  // these rows' running partial, from empty
-    clear_partial(tile, running.data(), range);
+    const tile_scratch scratch(tile, *sources[t]);
+    float* const running = scratch.running.data();  // these rows' running partial, from empty
+    clear_partial(tile, running, range);
     for (std::size_t chunk = 0; chunk < work->units[t].chunks; ++chunk)
       if (fixed_order || work->range_start[work->first_slot[t] + chunk] != 0)
-        merge_into(tile, chunk, running.data(), partials + chunk * partial_floats(tile), range);
-    write_output(tile, running.data(), range);
+        merge_into(tile, chunk, running, partials + chunk * partial_floats(tile), range);
+    write_output(tile, running, range);
   });
 }
+
+namespace {
+
+// flash_attention's bookkeeping, reused across calls on a thread.
+struct flash_workspace {
+  std::vector<attention_tile> tiles;
+  std::vector<std::size_t> source_index;  // per tile: its (batch, kv head)
+  std::vector<std::size_t> keys_seen;     // per (batch, kv head): keys its last query sees
+  std::vector<std::size_t> first_chunk;   // per (batch, kv head): its first chunk slot of packed keys
+  std::vector<std::pair<std::size_t, std::size_t>> packs;  // (batch * G + kv head, chunk) per packing task
+  std::vector<user_kv_source> sources;
+  std::vector<const kv_chunk_source*> tile_sources;
+};
+
+}  // namespace
 
 void flash_attention(const attention_problem& problem) {
   const attention_dims& dims = problem.dims;
   const std::size_t group = dims.num_heads / dims.num_kv_heads;
   const std::size_t positions = tile_positions(group);
-  std::vector<attention_tile> tiles;
-  std::vector<std::size_t> source_index;  // per tile: its (batch, kv head)
+  const reusable<flash_workspace> work;
+  std::vector<attention_tile>& tiles = work->tiles;
+  tiles.clear();
+  work->source_index.clear();
   for (std::size_t batch = 0; batch < dims.batch; ++batch)
     for (std::size_t kv_head = 0; kv_head < dims.num_kv_heads; ++kv_head)
       for (std::size_t position0 = 0; position0 < dims.q_len; position0 += positions) {
@@ -314,21 +375,55 @@ void flash_attention(const attention_problem& problem) {
                          std::min(positions, dims.q_len - position0), problem.q_offset,
                          problem.valid_len != nullptr ? problem.valid_len[batch] : dims.kv_len, problem.causal,
                          problem.additive_mask, dims.kv_len, problem.scale, problem.path});
-        source_index.push_back(batch * dims.num_kv_heads + kv_head);
+        work->source_index.push_back(batch * dims.num_kv_heads + kv_head);
       }
-  // 1. Pack K and V of every (batch, kv head), as far as its last query sees.
-  std::vector<std::unique_ptr<packed_kv_source>> sources(dims.batch * dims.num_kv_heads);
-  std::vector<std::size_t> keys_seen(sources.size(), 0);
+  // 1. K and V of every (batch, kv head), as far as its last query sees: Kᵀ
+  // packed, one task per chunk. V is read in place when each (batch, kv head)
+  // has one query tile: each chunk of it then meets one P·V, which reads it
+  // once either way. With several tiles, each chunk's V is packed here once
+  // and shared, instead of the GEMM packing it again for every tile.
+  const std::size_t sources = dims.batch * dims.num_kv_heads;
+  work->keys_seen.assign(sources, 0);
   for (std::size_t t = 0; t < tiles.size(); ++t)
-    keys_seen[source_index[t]] = std::max(keys_seen[source_index[t]], tiles[t].visible_end(dims.q_len - 1));
-  run_indices(sources.size(), [&](std::size_t index) {
-    sources[index] = std::make_unique<packed_kv_source>(problem, index / dims.num_kv_heads, index % dims.num_kv_heads,
-                                                        keys_seen[index]);
+    work->keys_seen[work->source_index[t]] =
+        std::max(work->keys_seen[work->source_index[t]], tiles[t].visible_end(dims.q_len - 1));
+  work->first_chunk.resize(sources);
+  work->packs.clear();
+  for (std::size_t index = 0; index < sources; ++index) {
+    work->first_chunk[index] = work->packs.size();
+    for (std::size_t chunk = 0; chunk < ceil_div(work->keys_seen[index], kv_chunk); ++chunk)
+      work->packs.push_back({index, chunk});
+  }
+  const bool pack_values = dims.q_len > positions;
+  const gemm_config config = gemm_config_for(problem.path);
+  const std::size_t key_floats = packed_b_floats(config, dims.head_dim, kv_chunk);
+  const std::size_t value_floats = pack_values ? packed_b_floats(config, kv_chunk, dims.head_dim) : 0;
+  const scratch_lease packed_keys(work->packs.size() * key_floats), packed_values(work->packs.size() * value_floats);
+  auto head_rows = [&](const head_tensor<const float>& tensor, std::size_t index) {
+    return tensor.data + index / dims.num_kv_heads * tensor.batch_stride +
+           index % dims.num_kv_heads * tensor.head_stride;
+  };
+  run_indices(work->packs.size(), [&](std::size_t task) {
+    const auto [index, chunk] = work->packs[task];
+    const std::size_t key0 = chunk * kv_chunk, width = std::min(kv_chunk, work->keys_seen[index] - key0);
+    pack_operand({head_rows(problem.k, index) + key0 * problem.k.seq_stride, problem.k.seq_stride, transpose::yes},
+                 dims.head_dim, width, config, packed_keys.data() + task * key_floats);
+    if (pack_values)
+      pack_operand({head_rows(problem.v, index) + key0 * problem.v.seq_stride, problem.v.seq_stride, transpose::no},
+                   width, dims.head_dim, config, packed_values.data() + task * value_floats);
   });
+  work->sources.clear();
+  for (std::size_t index = 0; index < sources; ++index) {
+    const std::size_t slot = work->first_chunk[index];
+    const user_kv_layout packed{packed_keys.data() + slot * key_floats, key_floats,
+                                pack_values ? packed_values.data() + slot * value_floats : nullptr, value_floats};
+    work->sources.emplace_back(packed, work->keys_seen[index], head_rows(problem.v, index), problem.v.seq_stride,
+                               dims.head_dim, problem.path);
+  }
   // 2-4. Every tile, as the scheduler cuts them.
-  std::vector<const kv_chunk_source*> tile_sources;
-  for (std::size_t index : source_index) tile_sources.push_back(sources[index].get());
-  run_tiles(tiles, tile_sources);
+  work->tile_sources.clear();
+  for (std::size_t index : work->source_index) work->tile_sources.push_back(&work->sources[index]);
+  run_tiles(tiles, work->tile_sources);
 }
 
 void attention_probabilities(const attention_problem& problem, float* probabilities) {

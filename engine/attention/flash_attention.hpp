@@ -36,20 +36,24 @@
 namespace kvhead::engine {
 
 /// Keys per chunk: the fixed reduction unit above. 120 stacked rows x 256
-/// keys of scores is 120 KiB, in L2 with the chunk's packed K and V; fewer
-/// keys per chunk cost more merges and shorter GEMMs. At most KC on every
-/// path, so a chunk's V is one packed KC block.
+/// keys of scores is 120 KiB, in L2 with the chunk's K and V; fewer keys per
+/// chunk cost more merges and shorter GEMMs. At most KC on every path, so a
+/// chunk's packed V (a KV cache's) is one KC block.
 inline constexpr std::size_t kv_chunk = 256;
 
-/// One chunk of keys of one (sequence, kv head) as packed GEMM B operands:
-/// keys = K[chunk]ᵀ (head_dim x n, n >= the chunk's width) and values =
-/// V[chunk] (k >= width x head_dim); leading blocks of both are used.
+/// One chunk of keys of one (sequence, kv head) as GEMM B operands: keys =
+/// K[chunk]ᵀ packed (head_dim x n, n >= the chunk's width) and V[chunk]
+/// (k >= width rows of head_dim), either packed (`values`) or, when
+/// values_in_place.data is set, read where it is (row j at data + j * ld);
+/// leading blocks of each are used. The GEMM gives the same bits for either
+/// form of V (gemm.hpp).
 struct kv_chunk_view {
   packed_b_view keys, values;
+  gemm_operand values_in_place;
 };
 
-/// Supplies the chunks of one (sequence, kv head): user K/V packed once, or
-/// the blocks of a KV cache.
+/// Supplies the chunks of one (sequence, kv head): user K/V (flash_attention),
+/// or the blocks of a KV cache.
 class kv_chunk_source {
  public:
   virtual ~kv_chunk_source() = default;
@@ -108,8 +112,11 @@ struct attention_problem {
   simd_path path;
 };
 
-/// Packs K and V once per (batch, kv head), then runs every (batch, kv head,
-/// query tile) in parallel on the caller's task arena.
+/// Packs Kᵀ once per (batch, kv head, chunk) into the calling thread's
+/// reused scratch; reads V in place when each (batch, kv head) has one query
+/// tile, else packs it likewise; then runs every (batch, kv head, query tile)
+/// in parallel on the caller's task arena. Steady-state calls of one shape
+/// allocate nothing. K and V rows must not overlap (seq_stride >= head_dim).
 void flash_attention(const attention_problem& problem);
 
 /// The materialized probabilities [batch, H, q_len, kv_len] (row softmax of

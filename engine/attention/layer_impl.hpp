@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
 #include <vector>
 
 #include "engine/attention/rope.hpp"
@@ -13,29 +14,47 @@
 namespace kvhead {
 namespace engine {
 
-/// One nn.Linear with Wᵀ packed once: y[rows, out] = x[rows, in] Wᵀ + b.
+/// One nn.Linear of the layer, or several over the same input stacked into
+/// one (their weights' rows, then their outputs, side by side).
+struct linear_part {
+  const char* name;  // for messages
+  linear_weights weights;
+  std::size_t out_features;
+};
+
+/// y[rows, out] = x[rows, in] Wᵀ + b with Wᵀ packed once, W the parts' weights
+/// stacked row-wise (out = the sum of their out_features). Each output
+/// element gets the arithmetic of its own part's GEMM alone (gemm.hpp: an
+/// element depends only on its row and column), so stacking changes no bit.
+/// A part without bias gets -0 in the stacked bias: x + (-0) == x for every
+/// float x, so its outputs keep the bits of a bias-free GEMM.
 class linear {
  public:
-  linear(const char* name, const linear_weights& weights, std::size_t in_features, std::size_t out_features);
+  linear(std::size_t in_features, std::initializer_list<linear_part> parts);
   void apply(const float* x, std::size_t rows, float* y) const;
 
  private:
   packed_b weight_;
-  std::vector<float> bias_;
+  std::vector<float> bias_;  // empty: no part has one
 };
 
 }  // namespace engine
 
 struct attention_layer::impl {
   attention_config config;  // validated, scale resolved
-  engine::linear q_proj, k_proj, v_proj, o_proj;
+  engine::linear qkv_proj;  // [Wq; Wk; Wv]
+  engine::linear o_proj;
   engine::rope rotary;
 
   impl(const attention_config& checked, const attention_weights& weights);
 
-  /// q [rows, H d], k and v [rows, G d] from x [rows, d_model], then RoPE on
-  /// q and k, row r at absolute position positions[r].
-  void project(const float* x, std::size_t rows, const std::size_t* positions, float* q, float* k, float* v) const;
+  /// Floats per row of the projections: q, k and v side by side, (H + 2G) d.
+  std::size_t qkv_width() const;
+
+  /// qkv [rows, (H + 2G) d] from x [rows, d_model]: per row the H query
+  /// heads, then the G key heads, then the G value heads, d floats each; then
+  /// RoPE on the query and key heads, row r at absolute position positions[r].
+  void project(const float* x, std::size_t rows, const std::size_t* positions, float* qkv) const;
 };
 
 }  // namespace kvhead

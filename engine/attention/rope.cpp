@@ -1,27 +1,142 @@
 #include "engine/attention/rope.hpp"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 
 namespace kvhead::engine {
 
-rope::rope(std::size_t head_dim, double theta) {
-  if (theta == 0.0) return;
-  for (std::size_t i = 0; i < head_dim / 2; ++i)
-    inv_freq_.push_back(std::pow(theta, -2.0 * double(i) / double(head_dim)));
+namespace {
+
+// cos and sin of positions [0, positions) for one (head_dim, theta): position
+// p's cos[0, d/2) then sin[0, d/2) at cos_sin + p * d. Immutable once published.
+struct rope_table {
+  std::size_t positions = 0;
+  std::vector<float> cos_sin;
+};
+
+// Positions a table grows to when `positions` are needed: at least 4096 (a
+// context most callers stay within) and the power of two at or above twice
+// the request, so one growth covers a long stretch of decoding.
+std::size_t grown_positions(std::size_t positions) {
+  constexpr std::size_t minimum = 4096;
+  return std::max(minimum, std::bit_ceil(2 * positions));
 }
 
-void rope::apply(float* x, std::size_t heads, std::size_t head_stride, std::size_t position) const {
-  const std::size_t half = inv_freq_.size();
-  for (std::size_t i = 0; i < half; ++i) {
-    const double angle = double(position) * inv_freq_[i];
-    const float cos = float(std::cos(angle)), sin = float(std::sin(angle));
-    for (std::size_t head = 0; head < heads; ++head) {
-      float* row = x + head * head_stride;
-      const float first = row[i], second = row[i + half];
-      row[i] = first * cos - second * sin;
-      row[i + half] = second * cos + first * sin;
-    }
+}  // namespace
+
+// The table of one (head_dim, theta). Readers copy the current snapshot under
+// the mutex (a reference count, no allocation) and use it unlocked; a reader
+// that needs more positions builds a larger table outside the lock — the build
+// runs in parallel, and a thread waiting there may steal a task that asks for
+// this very table — then publishes it. Snapshots of older tables stay valid
+// while anyone holds them.
+class rope_table_source {
+ public:
+  rope_table_source(std::size_t head_dim, double theta) : head_dim_(head_dim) {
+    for (std::size_t i = 0; i < head_dim / 2; ++i)
+      inv_freq_.push_back(std::pow(theta, -2.0 * double(i) / double(head_dim)));
   }
+
+  /// A table of at least `positions` positions.
+  std::shared_ptr<const rope_table> covering(std::size_t positions) {
+    std::shared_ptr<const rope_table> current;
+    {
+      const std::lock_guard lock(mutex_);
+      current = current_;
+    }
+    if (current != nullptr && current->positions >= positions) return current;
+    std::shared_ptr<const rope_table> grown = grow(current.get(), grown_positions(positions));
+    const std::lock_guard lock(mutex_);
+    if (current_ == nullptr || current_->positions < grown->positions) current_ = std::move(grown);
+    return current_;
+  }
+
+ private:
+  // `old`'s rows copied, the rest computed: angle = position * inv_freq_i in
+  // double, cos and sin rounded to float.
+  std::shared_ptr<const rope_table> grow(const rope_table* old, std::size_t positions) const {
+    auto table = std::make_shared<rope_table>();
+    table->positions = positions;
+    table->cos_sin.resize(positions * head_dim_);
+    const std::size_t kept = old != nullptr ? old->positions : 0;
+    if (old != nullptr) std::copy(old->cos_sin.begin(), old->cos_sin.end(), table->cos_sin.begin());
+    const std::size_t half = inv_freq_.size();
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(kept, positions, 256),
+                      [&](const tbb::blocked_range<std::size_t>& range) {
+                        for (std::size_t position = range.begin(); position != range.end(); ++position) {
+                          float* cos = table->cos_sin.data() + position * head_dim_;
+                          float* sin = cos + half;
+                          for (std::size_t i = 0; i < half; ++i) {
+                            const double angle = double(position) * inv_freq_[i];
+                            cos[i] = float(std::cos(angle));
+                            sin[i] = float(std::sin(angle));
+                          }
+                        }
+                      });
+    return table;
+  }
+
+  std::size_t head_dim_;
+  std::vector<double> inv_freq_;  // theta^(-2i/d), i < d/2
+  std::mutex mutex_;
+  std::shared_ptr<const rope_table> current_;  // null until first asked
+};
+
+namespace {
+
+// The process-wide registry: one table source per (head_dim, theta), never
+// removed (a layer keeps a plain pointer to its source).
+rope_table_source* shared_table(std::size_t head_dim, double theta) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::size_t, double>, std::unique_ptr<rope_table_source>> sources;
+  const std::lock_guard lock(mutex);
+  std::unique_ptr<rope_table_source>& source = sources[{head_dim, theta}];
+  if (source == nullptr) source = std::make_unique<rope_table_source>(head_dim, theta);
+  return source.get();
+}
+
+}  // namespace
+
+rope::rope(std::size_t head_dim, double theta)
+    : head_dim_(head_dim), table_(theta == 0.0 ? nullptr : shared_table(head_dim, theta)) {}
+
+void rope::apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t heads,
+                 const std::size_t* positions) const {
+  if (table_ == nullptr || rows == 0) return;
+  const std::shared_ptr<const rope_table> table = table_->covering(*std::max_element(positions, positions + rows) + 1);
+  const std::size_t half = head_dim_ / 2;
+  auto rotate = [&](std::size_t row_begin, std::size_t row_end) {
+    for (std::size_t row = row_begin; row < row_end; ++row) {
+      const float* cos = table->cos_sin.data() + positions[row] * head_dim_;
+      const float* sin = cos + half;
+      for (std::size_t head = 0; head < heads; ++head) {
+        float* values = x + row * row_stride + head * head_dim_;
+        for (std::size_t i = 0; i < half; ++i) {
+          const float first = values[i], second = values[i + half];
+          values[i] = first * cos[i] - second * sin[i];
+          values[i + half] = second * cos[i] + first * sin[i];
+        }
+      }
+    }
+  };
+  // ~32K floats (a few microseconds) per task: a decode step's few rows stay
+  // on the calling thread.
+  const std::size_t rows_per_task = std::max<std::size_t>(1, 32768 / (heads * head_dim_));
+  if (rows <= rows_per_task) {
+    rotate(0, rows);
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, rows, rows_per_task),
+                    [&](const tbb::blocked_range<std::size_t>& range) { rotate(range.begin(), range.end()); });
 }
 
 }  // namespace kvhead::engine

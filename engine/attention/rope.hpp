@@ -5,24 +5,35 @@
 // cos and sin are computed in double and rounded to float; the rotation is
 // then done in float (products rounded, then the sum: no FMA), so a row's
 // result depends only on its values and its position.
+//
+// The cos and sin of every position come from one table per (head_dim,
+// theta), shared by every layer and every call of the process (rope.cpp):
+// computed once, as above, and grown geometrically when a larger position is
+// asked for, so a growing sequence regrows it O(log n) times and steady-state
+// calls allocate nothing.
 #pragma once
 
 #include <cstddef>
-#include <vector>
 
 namespace kvhead::engine {
+
+class rope_table_source;  // the shared table of one (head_dim, theta), in rope.cpp
 
 class rope {
  public:
   /// theta = 0: no rotation.
   rope(std::size_t head_dim, double theta);
 
-  /// Rotates `heads` rows of head_dim floats, head_stride apart, all at
-  /// absolute position `position` (cos and sin computed once for them).
-  void apply(float* x, std::size_t heads, std::size_t head_stride, std::size_t position) const;
+  /// Rotates, in each of `rows` rows, `heads` consecutive heads of head_dim
+  /// floats: row r starts at x + r * row_stride and is at absolute position
+  /// positions[r]. Runs in parallel over rows on the caller's task arena
+  /// when there are enough of them.
+  void apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t heads,
+             const std::size_t* positions) const;
 
  private:
-  std::vector<double> inv_freq_;  // theta^(-2i/d), i < d/2
+  std::size_t head_dim_;
+  rope_table_source* table_;  // null: no rotation; owned by the process-wide registry
 };
 
 }  // namespace kvhead::engine

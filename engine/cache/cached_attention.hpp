@@ -18,15 +18,31 @@ struct cached_rows {
   std::size_t length, past, row0;
 };
 
-/// Writes k and v rows ([rows, G, head_dim], after RoPE) of the new positions
-/// into the cache's blocks of `layer`, in the packed layout the kernels read.
+/// Writes the k and v rows (G heads of head_dim floats each, after RoPE) of
+/// the new positions into the cache's blocks of `layer`, in the packed layout
+/// the kernels read: input row r's kv head g at k + r * row_stride + g *
+/// head_dim (likewise v).
 void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch, const float* k,
-                     const float* v, simd_path path);
+                     const float* v, std::size_t row_stride, simd_path path);
 
-/// out = causal attention of q ([rows, H, head_dim], after RoPE) over each
-/// sequence's cached keys [0, length), rows of sequence e at absolute
-/// positions past.., in parallel over (sequence, kv head, query tile).
+/// The same, for dense k and v [rows, G, head_dim].
+inline void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch, const float* k,
+                            const float* v, simd_path path) {
+  write_cached_kv(cache, layer, batch, k, v, cache.config().num_kv_heads * cache.config().head_dim, path);
+}
+
+/// out = causal attention of q (after RoPE) over each sequence's cached keys
+/// [0, length), rows of sequence e at absolute positions past.., in parallel
+/// over (sequence, kv head, query tile). Row r's head h is at q + r *
+/// q_row_stride + h * head_dim; out is dense [rows, H, head_dim].
 void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
-                      std::size_t num_heads, const float* q, float* out, float scale, simd_path path);
+                      std::size_t num_heads, const float* q, std::size_t q_row_stride, float* out, float scale,
+                      simd_path path);
+
+/// The same, for a dense q [rows, H, head_dim].
+inline void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
+                             std::size_t num_heads, const float* q, float* out, float scale, simd_path path) {
+  cached_attention(cache, layer, batch, num_heads, q, num_heads * cache.config().head_dim, out, scale, path);
+}
 
 }  // namespace kvhead::engine

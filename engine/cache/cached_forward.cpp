@@ -54,7 +54,8 @@ class cache_kv_source final : public kv_chunk_source {
     if (blocks_per_chunk == 1) {
       const float* block = kv_cache_internals::block_data(cache_, table_[index]);
       return {{block + key_offset_, head_dim_, block_size_, path_},
-              {block + value_offset_, block_size_, head_dim_, path_}};
+              {block + value_offset_, block_size_, head_dim_, path_},
+              {}};
     }
     // Copy the chunk's blocks into one packed Kᵀ (head_dim x 256) and one
     // packed V (256 x head_dim): whole panels of Kᵀ, runs of V panel rows.
@@ -77,7 +78,7 @@ class cache_kv_source final : public kv_chunk_source {
                     block + value_offset_ + pack_b_offset(config_, block_size_, head_dim_, 0, col),
                     block_size_ * nr * sizeof(float));
     }
-    return {{keys, head_dim_, kv_chunk, path_}, {values, kv_chunk, head_dim_, path_}};
+    return {{keys, head_dim_, kv_chunk, path_}, {values, kv_chunk, head_dim_, path_}, {}};
   }
 
  private:
@@ -122,7 +123,7 @@ struct attention_workspace {
 }  // namespace
 
 void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch, const float* k,
-                     const float* v, simd_path path) {
+                     const float* v, std::size_t row_stride, simd_path path) {
   const kv_cache_config& geometry = cache.config();
   const std::size_t kv_heads = geometry.num_kv_heads, head_dim = geometry.head_dim, block_size = geometry.block_size;
   const gemm_config config = gemm_config_for(path);
@@ -135,17 +136,18 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
       float* block = kv_cache_internals::block_data(cache, e.table[position / block_size]);
       const std::size_t row = e.row0 + position - e.past;
       write_token(block + key_offset, block + value_offset, config, block_size, head_dim, position % block_size,
-                  k + (row * kv_heads + kv_head) * head_dim, v + (row * kv_heads + kv_head) * head_dim);
+                  k + row * row_stride + kv_head * head_dim, v + row * row_stride + kv_head * head_dim);
     }
   });
 }
 
 void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
-                      std::size_t num_heads, const float* q, float* out, float scale, simd_path path) {
+                      std::size_t num_heads, const float* q, std::size_t q_row_stride, float* out, float scale,
+                      simd_path path) {
   const std::size_t kv_heads = cache.config().num_kv_heads, head_dim = cache.config().head_dim;
   const std::size_t group = num_heads / kv_heads;
   const std::size_t tile_rows = tile_positions(group);
-  const std::size_t row_stride = num_heads * head_dim;
+  const std::size_t out_row_stride = num_heads * head_dim;
   const reusable<attention_workspace> work;
   std::vector<attention_tile>& tiles = work->tiles;
   tiles.clear();
@@ -156,9 +158,9 @@ void cached_attention(const kv_cache& cache, std::size_t layer, const std::vecto
     for (std::size_t kv_head = 0; kv_head < kv_heads; ++kv_head) {
       const cache_kv_source& source = work->sources.emplace_back(cache, e.table, e.length, layer, kv_head, path);
       for (std::size_t p = 0; p < e.length - e.past; p += tile_rows) {
-        tiles.push_back({q + e.row0 * row_stride, head_dim, row_stride, out + e.row0 * row_stride, head_dim, row_stride,
-                         kv_head, group, head_dim, p, std::min(tile_rows, e.length - e.past - p), e.past, e.length,
-                         true, nullptr, 0, scale, path});
+        tiles.push_back({q + e.row0 * q_row_stride, head_dim, q_row_stride, out + e.row0 * out_row_stride, head_dim,
+                         out_row_stride, kv_head, group, head_dim, p, std::min(tile_rows, e.length - e.past - p),
+                         e.past, e.length, true, nullptr, 0, scale, path});
         work->tile_sources.push_back(&source);
       }
     }
@@ -208,18 +210,21 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
 
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
   const simd_path path = active_simd_path();
-  scratch_lease q(rows * heads * head_dim), k(rows * kv_heads * head_dim), v(rows * kv_heads * head_dim),
-      attended(rows * heads * head_dim);
+  // qkv [rows, H + 2G heads, d]: the new rows' q, k and v side by side.
+  const std::size_t width = impl_->qkv_width();
+  const scratch_lease qkv(rows * width), attended(rows * heads * head_dim);
+  const float* const k = qkv.data() + heads * head_dim;
+  const float* const v = qkv.data() + (heads + kv_heads) * head_dim;
   work->positions.resize(rows);
   for (const cached_rows& e : entries)
     for (std::size_t i = 0; i < e.length - e.past; ++i) work->positions[e.row0 + i] = e.past + i;
   run_in_arena([&] {
     // 1-2. Projections and RoPE at each row's absolute position.
-    impl_->project(x, rows, work->positions.data(), q.data(), k.data(), v.data());
+    impl_->project(x, rows, work->positions.data(), qkv.data());
     // 3. The new K and V into their blocks (each exclusively owned after
     // append, so sequences never race); 4. attention over each whole past.
-    write_cached_kv(cache, layer, entries, k.data(), v.data(), path);
-    cached_attention(cache, layer, entries, heads, q.data(), attended.data(), *config.scale, path);
+    write_cached_kv(cache, layer, entries, k, v, width, path);
+    cached_attention(cache, layer, entries, heads, qkv.data(), width, attended.data(), *config.scale, path);
     // 5. Output projection.
     impl_->o_proj.apply(attended.data(), rows, y);
   });

@@ -1,0 +1,89 @@
+// The cache-free paths allocate nothing per call in steady state (counted by
+// the operator new of tests/counting_new.cpp): after a warm-up, repeated
+// attention_layer::forward and scaled_dot_product_attention calls of one
+// shape make zero allocations on one thread. In a two-thread arena a thread's
+// scratch (engine/arch/scratch.hpp) still grows the first time it happens to
+// run one of the call's largest tiles — work stealing decides which tiles it
+// gets, and it takes the small ones most of the time — so the bound there is
+// a few growths over 100 calls, far below the 4 allocations per call the
+// forward used to make. And the shared RoPE table regrows only O(log n) times
+// for a growing sequence.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <tbb/task_arena.h>
+
+#include "engine/attention/rope.hpp"
+#include "kvhead/attention.hpp"
+#include "tests/counting_new.hpp"
+
+namespace {
+
+std::vector<float> random_values(std::size_t count, std::mt19937& generator) {
+  std::normal_distribution<float> normal(0.0f, 0.125f);
+  std::vector<float> values(count);
+  for (float& x : values) x = normal(generator);
+  return values;
+}
+
+// Allocations made by `calls` calls of `work` in `arena`, after `warm_up` calls.
+template <class Work>
+std::size_t steady_allocations(tbb::task_arena& arena, int warm_up, int calls, const Work& work) {
+  for (int i = 0; i < warm_up; ++i) arena.execute(work);
+  const std::size_t before = kvhead::testing::allocation_count();
+  for (int i = 0; i < calls; ++i) arena.execute(work);
+  return kvhead::testing::allocation_count() - before;
+}
+
+}  // namespace
+
+TEST_CASE("forward alloc: the cache-free forward and scaled_dot_product_attention allocate nothing after warm-up") {
+  std::mt19937 generator(7);
+  // GQA with RoPE and biases; 130 tokens: several query tiles per kv head.
+  const kvhead::attention_config config{8, 2, 16, 64, {}, true, 10000.0};
+  const auto wq = random_values(128 * 64, generator), wk = random_values(32 * 64, generator);
+  const auto wv = random_values(32 * 64, generator), wo = random_values(64 * 128, generator);
+  const auto bq = random_values(128, generator), bv = random_values(32, generator);
+  const kvhead::attention_layer layer(
+      config, {{wq.data(), bq.data()}, {wk.data(), nullptr}, {wv.data(), bv.data()}, {wo.data(), nullptr}});
+  constexpr std::size_t batch = 2, seq = 130;
+  const std::vector<float> x = random_values(batch * seq * 64, generator);
+  std::vector<float> y(x.size());
+
+  // One decode-shaped query over 700 keys (its key range split across tasks).
+  const kvhead::attention_dims dims{1, 8, 2, 1, 700, 32};
+  const auto q = random_values(8 * 32, generator), k = random_values(2 * 700 * 32, generator);
+  const auto v = random_values(k.size(), generator);
+  std::vector<float> out(q.size());
+  using view = kvhead::head_tensor<const float>;
+
+  for (int threads : {1, 2}) {
+    tbb::task_arena arena(threads);
+    const std::size_t forward =
+        steady_allocations(arena, 30, 100, [&] { layer.forward(x.data(), batch, seq, y.data()); });
+    const std::size_t sdpa = steady_allocations(arena, 30, 100, [&] {
+      kvhead::scaled_dot_product_attention(dims, view::bhsd(q.data(), 8, 1, 32), view::bhsd(k.data(), 2, 700, 32),
+                                           view::bhsd(v.data(), 2, 700, 32),
+                                           kvhead::head_tensor<float>::bhsd(out.data(), 8, 1, 32));
+    });
+    INFO("threads " << threads);
+    CHECK(forward <= (threads == 1 ? 0 : 20));
+    CHECK(sdpa == 0);
+    CHECK(std::isfinite(y[0]));
+  }
+}
+
+TEST_CASE("forward alloc: a sequence growing to 200000 positions regrows the RoPE table O(log n) times") {
+  const kvhead::engine::rope rope(8, 12345.0);  // a (head_dim, theta) no other test uses
+  std::vector<float> row(8, 1.0f);
+  const std::size_t first = 0;
+  rope.apply(row.data(), 1, 8, 1, &first);  // the first table (4096 positions), and oneTBB's own start-up
+  const std::size_t before = kvhead::testing::allocation_count();
+  for (std::size_t position = 1; position < 200000; ++position) rope.apply(row.data(), 1, 8, 1, &position);
+  // Then tables of the power of two at or above twice the position asked:
+  // 16384, 65536 and 262144 positions, each a table and its shared state.
+  CHECK(kvhead::testing::allocation_count() - before <= 6);
+}
