@@ -1,13 +1,15 @@
-// The cache-free paths allocate nothing per call in steady state (counted by
-// the operator new of tests/counting_new.cpp): after a warm-up, repeated
-// attention_layer::forward and scaled_dot_product_attention calls of one
-// shape make zero allocations on one thread. In a two-thread arena a thread's
-// scratch (engine/arch/scratch.hpp) still grows the first time it happens to
-// run one of the call's largest tiles — work stealing decides which tiles it
-// gets, and it takes the small ones most of the time — so the bound there is
-// a few growths over 100 calls, far below the 4 allocations per call the
-// forward used to make. And the shared RoPE table regrows only O(log n) times
-// for a growing sequence.
+// The cache-free paths allocate nothing per call in steady state, and what
+// does grow grows rarely (counted by the operator new of
+// tests/counting_new.cpp): after a warm-up, repeated
+// scaled_dot_product_attention and attention_layer::forward calls of one
+// shape make zero allocations on one thread; the shared RoPE table regrows
+// only O(log n) times for a growing sequence.
+//
+// In a two-thread arena a thread's scratch (engine/arch/scratch.hpp) still
+// grows the first time it happens to run one of a call's largest tiles: work
+// stealing decides which tiles it gets, and it gets the small ones most of the
+// time. So there the bound is a few growths over 100 calls (per-call buffers
+// would make at least one allocation per call).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -40,42 +42,6 @@ std::size_t steady_allocations(tbb::task_arena& arena, int warm_up, int calls, c
 
 }  // namespace
 
-TEST_CASE("forward alloc: the cache-free forward and scaled_dot_product_attention allocate nothing after warm-up") {
-  std::mt19937 generator(7);
-  // GQA with RoPE and biases; 130 tokens: several query tiles per kv head.
-  const kvhead::attention_config config{8, 2, 16, 64, {}, true, 10000.0};
-  const auto wq = random_values(128 * 64, generator), wk = random_values(32 * 64, generator);
-  const auto wv = random_values(32 * 64, generator), wo = random_values(64 * 128, generator);
-  const auto bq = random_values(128, generator), bv = random_values(32, generator);
-  const kvhead::attention_layer layer(
-      config, {{wq.data(), bq.data()}, {wk.data(), nullptr}, {wv.data(), bv.data()}, {wo.data(), nullptr}});
-  constexpr std::size_t batch = 2, seq = 130;
-  const std::vector<float> x = random_values(batch * seq * 64, generator);
-  std::vector<float> y(x.size());
-
-  // One decode-shaped query over 700 keys (its key range split across tasks).
-  const kvhead::attention_dims dims{1, 8, 2, 1, 700, 32};
-  const auto q = random_values(8 * 32, generator), k = random_values(2 * 700 * 32, generator);
-  const auto v = random_values(k.size(), generator);
-  std::vector<float> out(q.size());
-  using view = kvhead::head_tensor<const float>;
-
-  for (int threads : {1, 2}) {
-    tbb::task_arena arena(threads);
-    const std::size_t forward =
-        steady_allocations(arena, 30, 100, [&] { layer.forward(x.data(), batch, seq, y.data()); });
-    const std::size_t sdpa = steady_allocations(arena, 30, 100, [&] {
-      kvhead::scaled_dot_product_attention(dims, view::bhsd(q.data(), 8, 1, 32), view::bhsd(k.data(), 2, 700, 32),
-                                           view::bhsd(v.data(), 2, 700, 32),
-                                           kvhead::head_tensor<float>::bhsd(out.data(), 8, 1, 32));
-    });
-    INFO("threads " << threads);
-    CHECK(forward <= (threads == 1 ? 0 : 20));
-    CHECK(sdpa == 0);
-    CHECK(std::isfinite(y[0]));
-  }
-}
-
 TEST_CASE("forward alloc: a sequence growing to 200000 positions regrows the RoPE table O(log n) times") {
   const kvhead::engine::rope rope(8, 12345.0);  // a (head_dim, theta) no other test uses
   std::vector<float> row(8, 1.0f);
@@ -86,4 +52,53 @@ TEST_CASE("forward alloc: a sequence growing to 200000 positions regrows the RoP
   // Then tables of the power of two at or above twice the position asked:
   // 16384, 65536 and 262144 positions, each a table and its shared state.
   CHECK(kvhead::testing::allocation_count() - before <= 6);
+}
+
+TEST_CASE("forward alloc: scaled_dot_product_attention allocates nothing after warm-up") {
+  std::mt19937 generator(11);
+  using view = kvhead::head_tensor<const float>;
+  // A decode-shaped query over 700 keys (its key range split across tasks;
+  // V read in place), and a 300-token causal prefill (V packed).
+  for (std::size_t q_len : {1, 300}) {
+    const std::size_t kv_len = q_len == 1 ? 700 : q_len;
+    const kvhead::attention_dims dims{1, 8, 2, q_len, kv_len, 32};
+    const auto q = random_values(8 * q_len * 32, generator), k = random_values(2 * kv_len * 32, generator);
+    const auto v = random_values(k.size(), generator);
+    std::vector<float> out(q.size());
+    kvhead::attention_options options;
+    options.causal = true;
+    for (int threads : {1, 2}) {
+      tbb::task_arena arena(threads);
+      const std::size_t allocations = steady_allocations(arena, 30, 100, [&] {
+        kvhead::scaled_dot_product_attention(dims, view::bhsd(q.data(), 8, q_len, 32),
+                                             view::bhsd(k.data(), 2, kv_len, 32), view::bhsd(v.data(), 2, kv_len, 32),
+                                             kvhead::head_tensor<float>::bhsd(out.data(), 8, q_len, 32), options);
+      });
+      INFO("q_len " << q_len << " threads " << threads);
+      CHECK(allocations <= (threads == 1 ? 0 : 20));
+      CHECK(std::isfinite(out[0]));
+    }
+  }
+}
+
+TEST_CASE("forward alloc: the cache-free forward allocates nothing after warm-up") {
+  std::mt19937 generator(7);
+  // GQA with RoPE and some biases; 130 tokens: several query tiles per kv head.
+  const kvhead::attention_config config{8, 2, 16, 64, {}, true, 10000.0};
+  const auto wq = random_values(128 * 64, generator), wk = random_values(32 * 64, generator);
+  const auto wv = random_values(32 * 64, generator), wo = random_values(64 * 128, generator);
+  const auto bq = random_values(128, generator), bv = random_values(32, generator);
+  const kvhead::attention_layer layer(
+      config, {{wq.data(), bq.data()}, {wk.data(), nullptr}, {wv.data(), bv.data()}, {wo.data(), nullptr}});
+  constexpr std::size_t batch = 2, seq = 130;
+  const std::vector<float> x = random_values(batch * seq * 64, generator);
+  std::vector<float> y(x.size());
+  for (int threads : {1, 2}) {
+    tbb::task_arena arena(threads);
+    const std::size_t allocations =
+        steady_allocations(arena, 30, 100, [&] { layer.forward(x.data(), batch, seq, y.data()); });
+    INFO("threads " << threads);
+    CHECK(allocations <= (threads == 1 ? 0 : 20));
+    CHECK(std::isfinite(y[0]));
+  }
 }

@@ -351,7 +351,8 @@ struct flash_workspace {
   std::vector<std::size_t> source_index;  // per tile: its (batch, kv head)
   std::vector<std::size_t> keys_seen;     // per (batch, kv head): keys its last query sees
   std::vector<std::size_t> first_chunk;   // per (batch, kv head): its first chunk slot of packed keys
-  std::vector<std::pair<std::size_t, std::size_t>> packs;  // (batch * G + kv head, chunk) per packing task
+  // Per packing task: (batch * G + kv head, chunk).
+  std::vector<std::pair<std::size_t, std::size_t>> packs;
   std::vector<user_kv_source> sources;
   std::vector<const kv_chunk_source*> tile_sources;
 };

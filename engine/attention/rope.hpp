@@ -28,8 +28,7 @@ class rope {
   /// floats: row r starts at x + r * row_stride and is at absolute position
   /// positions[r]. Runs in parallel over rows on the caller's task arena
   /// when there are enough of them.
-  void apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t heads,
-             const std::size_t* positions) const;
+  void apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t heads, const std::size_t* positions) const;
 
  private:
   std::size_t head_dim_;

@@ -25,7 +25,7 @@ struct cached_rows {
 void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch, const float* k,
                      const float* v, std::size_t row_stride, simd_path path);
 
-/// The same, for dense k and v [rows, G, head_dim].
+/// The same, for dense k and v [rows, G, head_dim] (as the decode benchmarks hold them).
 inline void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch, const float* k,
                             const float* v, simd_path path) {
   write_cached_kv(cache, layer, batch, k, v, cache.config().num_kv_heads * cache.config().head_dim, path);
@@ -39,7 +39,7 @@ void cached_attention(const kv_cache& cache, std::size_t layer, const std::vecto
                       std::size_t num_heads, const float* q, std::size_t q_row_stride, float* out, float scale,
                       simd_path path);
 
-/// The same, for a dense q [rows, H, head_dim].
+/// The same, for a dense q [rows, H, head_dim] (as the decode benchmarks hold it).
 inline void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
                              std::size_t num_heads, const float* q, float* out, float scale, simd_path path) {
   cached_attention(cache, layer, batch, num_heads, q, num_heads * cache.config().head_dim, out, scale, path);

@@ -87,7 +87,8 @@ struct attention_options {
 /// out = softmax(scale * q kᵀ + masks) v, per head. q and out have num_heads
 /// heads and q_len positions, k and v num_kv_heads heads and kv_len
 /// positions; all have head_dim floats per row. out may not overlap the
-/// inputs.
+/// inputs, and the rows of k (and of v) may not overlap one another:
+/// seq_stride >= head_dim.
 void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q, head_tensor<const float> k,
                                   head_tensor<const float> v, head_tensor<float> out,
                                   const attention_options& options = {});
