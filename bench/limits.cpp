@@ -23,81 +23,66 @@ constexpr std::uint64_t fma_loops = std::uint64_t(1) << 20;
 
 // Each loop trip is 12 independent register-to-register operations on zeroed
 // registers (0 * 0 + 0 stays 0: no denormals, no overflow), then dec + jnz.
+// The FMA chains on one register width: `width` is zmm or ymm (the same
+// instructions otherwise, so one asm text for both).
+#define KVHEAD_FMA_CHAINS(width)                       \
+  "vxorps %%xmm0, %%xmm0, %%xmm0\n\t"                  \
+  "vxorps %%xmm1, %%xmm1, %%xmm1\n\t"                  \
+  "vxorps %%xmm2, %%xmm2, %%xmm2\n\t"                  \
+  "vxorps %%xmm3, %%xmm3, %%xmm3\n\t"                  \
+  "vxorps %%xmm4, %%xmm4, %%xmm4\n\t"                  \
+  "vxorps %%xmm5, %%xmm5, %%xmm5\n\t"                  \
+  "vxorps %%xmm6, %%xmm6, %%xmm6\n\t"                  \
+  "vxorps %%xmm7, %%xmm7, %%xmm7\n\t"                  \
+  "vxorps %%xmm8, %%xmm8, %%xmm8\n\t"                  \
+  "vxorps %%xmm9, %%xmm9, %%xmm9\n\t"                  \
+  "vxorps %%xmm10, %%xmm10, %%xmm10\n\t"               \
+  "vxorps %%xmm11, %%xmm11, %%xmm11\n\t"               \
+  "vxorps %%xmm12, %%xmm12, %%xmm12\n\t"               \
+  "vxorps %%xmm13, %%xmm13, %%xmm13\n\t"               \
+  "1:\n\t"                                             \
+  "vfmadd231ps %%" width "13, %%" width "12, %%" width \
+  "0\n\t"                                              \
+  "vfmadd231ps %%" width "13, %%" width "12, %%" width \
+  "1\n\t"                                              \
+  "vfmadd231ps %%" width "13, %%" width "12, %%" width \
+  "2\n\t"                                              \
+  "vfmadd231ps %%" width "13, %%" width "12, %%" width \
+  "3\n\t"                                              \
+  "vfmadd231ps %%" width "13, %%" width "12, %%" width \
+  "4\n\t"                                              \
+  "vfmadd231ps %%" width "13, %%" width "12, %%" width \
+  "5\n\t"                                              \
+  "vfmadd231ps %%" width "13, %%" width "12, %%" width \
+  "6\n\t"                                              \
+  "vfmadd231ps %%" width "13, %%" width "12, %%" width \
+  "7\n\t"                                              \
+  "vfmadd231ps %%" width "13, %%" width "12, %%" width \
+  "8\n\t"                                              \
+  "vfmadd231ps %%" width "13, %%" width "12, %%" width \
+  "9\n\t"                                              \
+  "vfmadd231ps %%" width "13, %%" width "12, %%" width \
+  "10\n\t"                                             \
+  "vfmadd231ps %%" width "13, %%" width "12, %%" width \
+  "11\n\t"                                             \
+  "dec %[loops]\n\t"                                   \
+  "jnz 1b\n\t"                                         \
+  "vzeroupper"
+
+#define KVHEAD_FMA_CLOBBERS                                                                                        \
+  "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", \
+      "xmm13"
+
 void fma_chains_avx512(std::uint64_t loops) {
-  asm volatile(
-      "vxorps %%xmm0, %%xmm0, %%xmm0\n\t"
-      "vxorps %%xmm1, %%xmm1, %%xmm1\n\t"
-      "vxorps %%xmm2, %%xmm2, %%xmm2\n\t"
-      "vxorps %%xmm3, %%xmm3, %%xmm3\n\t"
-      "vxorps %%xmm4, %%xmm4, %%xmm4\n\t"
-      "vxorps %%xmm5, %%xmm5, %%xmm5\n\t"
-      "vxorps %%xmm6, %%xmm6, %%xmm6\n\t"
-      "vxorps %%xmm7, %%xmm7, %%xmm7\n\t"
-      "vxorps %%xmm8, %%xmm8, %%xmm8\n\t"
-      "vxorps %%xmm9, %%xmm9, %%xmm9\n\t"
-      "vxorps %%xmm10, %%xmm10, %%xmm10\n\t"
-      "vxorps %%xmm11, %%xmm11, %%xmm11\n\t"
-      "vxorps %%xmm12, %%xmm12, %%xmm12\n\t"
-      "vxorps %%xmm13, %%xmm13, %%xmm13\n\t"
-      "1:\n\t"
-      "vfmadd231ps %%zmm13, %%zmm12, %%zmm0\n\t"
-      "vfmadd231ps %%zmm13, %%zmm12, %%zmm1\n\t"
-      "vfmadd231ps %%zmm13, %%zmm12, %%zmm2\n\t"
-      "vfmadd231ps %%zmm13, %%zmm12, %%zmm3\n\t"
-      "vfmadd231ps %%zmm13, %%zmm12, %%zmm4\n\t"
-      "vfmadd231ps %%zmm13, %%zmm12, %%zmm5\n\t"
-      "vfmadd231ps %%zmm13, %%zmm12, %%zmm6\n\t"
-      "vfmadd231ps %%zmm13, %%zmm12, %%zmm7\n\t"
-      "vfmadd231ps %%zmm13, %%zmm12, %%zmm8\n\t"
-      "vfmadd231ps %%zmm13, %%zmm12, %%zmm9\n\t"
-      "vfmadd231ps %%zmm13, %%zmm12, %%zmm10\n\t"
-      "vfmadd231ps %%zmm13, %%zmm12, %%zmm11\n\t"
-      "dec %[loops]\n\t"
-      "jnz 1b\n\t"
-      "vzeroupper"
-      : [loops] "+r"(loops)
-      :
-      : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
-        "xmm13");
+  asm volatile(KVHEAD_FMA_CHAINS("zmm") : [loops] "+r"(loops) : : KVHEAD_FMA_CLOBBERS);
 }
 
 void fma_chains_avx2(std::uint64_t loops) {
-  asm volatile(
-      "vxorps %%xmm0, %%xmm0, %%xmm0\n\t"
-      "vxorps %%xmm1, %%xmm1, %%xmm1\n\t"
-      "vxorps %%xmm2, %%xmm2, %%xmm2\n\t"
-      "vxorps %%xmm3, %%xmm3, %%xmm3\n\t"
-      "vxorps %%xmm4, %%xmm4, %%xmm4\n\t"
-      "vxorps %%xmm5, %%xmm5, %%xmm5\n\t"
-      "vxorps %%xmm6, %%xmm6, %%xmm6\n\t"
-      "vxorps %%xmm7, %%xmm7, %%xmm7\n\t"
-      "vxorps %%xmm8, %%xmm8, %%xmm8\n\t"
-      "vxorps %%xmm9, %%xmm9, %%xmm9\n\t"
-      "vxorps %%xmm10, %%xmm10, %%xmm10\n\t"
-      "vxorps %%xmm11, %%xmm11, %%xmm11\n\t"
-      "vxorps %%xmm12, %%xmm12, %%xmm12\n\t"
-      "vxorps %%xmm13, %%xmm13, %%xmm13\n\t"
-      "1:\n\t"
-      "vfmadd231ps %%ymm13, %%ymm12, %%ymm0\n\t"
-      "vfmadd231ps %%ymm13, %%ymm12, %%ymm1\n\t"
-      "vfmadd231ps %%ymm13, %%ymm12, %%ymm2\n\t"
-      "vfmadd231ps %%ymm13, %%ymm12, %%ymm3\n\t"
-      "vfmadd231ps %%ymm13, %%ymm12, %%ymm4\n\t"
-      "vfmadd231ps %%ymm13, %%ymm12, %%ymm5\n\t"
-      "vfmadd231ps %%ymm13, %%ymm12, %%ymm6\n\t"
-      "vfmadd231ps %%ymm13, %%ymm12, %%ymm7\n\t"
-      "vfmadd231ps %%ymm13, %%ymm12, %%ymm8\n\t"
-      "vfmadd231ps %%ymm13, %%ymm12, %%ymm9\n\t"
-      "vfmadd231ps %%ymm13, %%ymm12, %%ymm10\n\t"
-      "vfmadd231ps %%ymm13, %%ymm12, %%ymm11\n\t"
-      "dec %[loops]\n\t"
-      "jnz 1b\n\t"
-      "vzeroupper"
-      : [loops] "+r"(loops)
-      :
-      : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
-        "xmm13");
+  asm volatile(KVHEAD_FMA_CHAINS("ymm") : [loops] "+r"(loops) : : KVHEAD_FMA_CLOBBERS);
 }
+
+#undef KVHEAD_FMA_CHAINS
+#undef KVHEAD_FMA_CLOBBERS
 
 // Six multiply chains and six add chains: the two kinds issue to separate
 // ports on Zen and to the same two on Intel; 12 chains cover both.

@@ -12,15 +12,11 @@
 #include "kvhead/attention.hpp"
 #include "kvhead/config.hpp"
 #include "kvhead/kv_cache.hpp"
+#include "tests/random_values.hpp"
 
 namespace {
 
-std::vector<float> random_values(std::size_t count, std::mt19937& generator, float scale) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> values(count);
-  for (float& x : values) x = normal(generator);
-  return values;
-}
+using kvhead::testing::random_values;
 
 // Seeded weights and biases of one layer (a base, so they exist before the layer).
 struct layer_weights {

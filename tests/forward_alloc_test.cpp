@@ -21,14 +21,12 @@
 #include "engine/attention/rope.hpp"
 #include "kvhead/attention.hpp"
 #include "tests/counting_new.hpp"
+#include "tests/random_values.hpp"
 
 namespace {
 
 std::vector<float> random_values(std::size_t count, std::mt19937& generator) {
-  std::normal_distribution<float> normal(0.0f, 0.125f);
-  std::vector<float> values(count);
-  for (float& x : values) x = normal(generator);
-  return values;
+  return kvhead::testing::random_values(count, generator, 0.125f);
 }
 
 // Allocations made by `calls` calls of `work` in `arena`, after `warm_up` calls.

@@ -12,16 +12,12 @@
 
 #include "engine/attention/layer_impl.hpp"
 #include "kvhead/attention.hpp"
+#include "tests/random_values.hpp"
 #include "tests/reference/rope_float_reference.hpp"
 
 namespace {
 
-std::vector<float> random_values(std::size_t count, std::mt19937& generator, float scale) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> values(count);
-  for (float& x : values) x = normal(generator);
-  return values;
-}
+using kvhead::testing::random_values;
 
 bool same_bits(const float* a, const float* b, std::size_t count) {
   return std::memcmp(a, b, count * sizeof(float)) == 0;

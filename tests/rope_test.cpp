@@ -10,15 +10,13 @@
 #include <vector>
 
 #include "engine/attention/rope.hpp"
+#include "tests/random_values.hpp"
 #include "tests/reference/rope_float_reference.hpp"
 
 namespace {
 
 std::vector<float> random_values(std::size_t count, std::mt19937& generator) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(count);
-  for (float& x : values) x = normal(generator);
-  return values;
+  return kvhead::testing::random_values(count, generator, 1.0f);
 }
 
 // Rows at `positions`, `heads` heads each, rows row_stride apart (the floats
