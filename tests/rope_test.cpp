@@ -4,6 +4,7 @@
 // while several threads grow the same table.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -84,4 +85,16 @@ TEST_CASE("rope: threads growing one table at the same time all get the direct b
     });
   for (std::thread& thread : threads) thread.join();
   for (int result : results) CHECK(result == 1);
+}
+
+TEST_CASE("rope: positions past the table's 2^17 positions, up to SIZE_MAX, give the direct bits") {
+  constexpr double theta = 313.0;  // a key of its own
+  constexpr std::size_t head_dim = 6;
+  std::mt19937 generator(17);
+  const kvhead::engine::rope rope(head_dim, theta);
+  const std::size_t limit = std::size_t{1} << 17;
+  for (std::size_t position : {limit - 1, limit, limit + 1, std::size_t{1} << 40, SIZE_MAX - 1, SIZE_MAX}) {
+    INFO("position " << position);
+    CHECK(matches_direct(rope, 2, head_dim, theta, 2 * head_dim, {position, 3, position / 2}, generator));
+  }
 }

@@ -22,7 +22,7 @@ struct sequence_shape {
 // sequences; data pointers are not needed to plan.
 std::vector<attention_tile> tiles_for(const std::vector<sequence_shape>& sequences, std::size_t heads,
                                       std::size_t kv_heads, std::size_t head_dim, bool causal) {
-  const std::size_t group = heads / kv_heads, positions = kvhead::engine::tile_positions(group);
+  const std::size_t group = heads / kv_heads, positions = kvhead::engine::tile_positions(group, kvhead::simd_path::sse2);
   std::vector<attention_tile> tiles;
   for (const sequence_shape& s : sequences)
     for (std::size_t kv_head = 0; kv_head < kv_heads; ++kv_head)

@@ -47,7 +47,7 @@ kernel_config resolve_kernel_config(const kernel_config_row& row, const cpu_info
                              "-row panels; NC " + std::to_string(nc) + ": packed B block " +
                              kib(nc * gemm_kc * sizeof(float)) + ", at most half of one core's L3 share (" +
                              kib(l3_per_core) + "), capped at 4096 columns";
-  return {&row, row.mr, row.nr, mc, gemm_kc, nc, std::move(blocking_why), std::move(chosen_why)};
+  return {&row, row.mr, row.nr, mc, gemm_kc, nc, row.attention_rows, std::move(blocking_why), std::move(chosen_why)};
 }
 
 const kernel_config_row& kernel_config_row_for(simd_path path, const cpu_info& cpu) {

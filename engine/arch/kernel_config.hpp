@@ -41,28 +41,40 @@ struct kernel_config_row {
   cpu_class cpu;
   std::size_t mr, nr;         // GEMM register tile: MR rows of A x NR columns of B
   std::size_t a_block_share;  // MC x KC of packed A takes 1 / a_block_share of L2
-  const char* why;            // the tile and the share, measured where stated
+  std::size_t attention_rows;  // stacked query rows per attention tile (a multiple of MR)
+  const char* why;             // the tile, the share and the rows, measured where stated
 };
 
 inline constexpr kernel_config_row kernel_config_rows[] = {
-    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2,
+    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120,
      "Zen 4 splits each 512-bit FMA over its two 256-bit pipes (16 fp32 FMAs per cycle). 32 zmm: "
      "12 x 32 = 24 accumulators + 2 B vectors + 1 broadcast = 27 live; 24 chains cover the 4-cycle "
      "latency; 14 x 32 (31 live) measured no faster. The 32 KiB B micro-panel streams from L2 "
-     "(64 B/cycle, twice what the kernel reads); 86% of FMA peak at 1024^3 (round 1, Zen 4)."},
-    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2,
+     "(64 B/cycle, twice what the kernel reads); 86% of FMA peak at 1024^3 (round 1, Zen 4). "
+     "Attention tiles of 120 rows: 120 x 256 scores (120 KiB) with the chunk's K and V (256 KiB "
+     "at head_dim 128) in a 1 MiB L2."},
+    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120,
      "Two full 512-bit FMA ports (Intel Xeon, AMD Zen 5): 32 fp32 FMAs per cycle, 4-cycle latency, "
      "so at least 8 independent chains; 12 x 32 keeps 24 (BLIS's skx sgemm, 32 x 12 transposed) "
-     "with 14 loads per 24 FMAs, within two load ports. The 32 KiB B micro-panel fits a 48 KiB L1d."},
-    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2,
+     "with 14 loads per 24 FMAs, within two load ports. The 32 KiB B micro-panel fits a 48 KiB L1d. "
+     "Attention tiles of 120 rows (not measured on this kind: 120 as on Zen 4, whose L2 is half as large)."},
+    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120,
      "AVX2 + FMA, two 256-bit FMA pipes (Intel Haswell on, AMD Zen 1-4): 16 ymm: 6 x 16 = 12 "
      "accumulators + 2 B vectors + 1 broadcast = 15 live (BLIS's haswell sgemm); 12 chains cover "
      "4-cycle latency x 2 pipes (needs 8); 8 loads per 12 FMAs. B micro-panel 16 KiB, half of L1d. "
-     "On Zen 3 an A block of a quarter of L2 measured no faster than half."},
-    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2,
+     "On Zen 3 an A block of a quarter of L2 measured no faster than half. Attention tiles of 120 "
+     "rows: 60, 120 and 240 measured within 2% on S2 and S3 (Zen 3, 512 KiB L2); fewer rows re-read "
+     "each chunk's K and V more often, more spill the scores from L2."},
+    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120,
      "SSE2 (no FMA): 16 xmm: 6 x 8 = 12 accumulators + 2 B + 1 broadcast + 1 product temporary = 16. "
-     "B micro-panel 8 KiB."},
+     "B micro-panel 8 KiB. Attention tiles of 120 rows, as for AVX2."},
 };
+
+static_assert([] {
+  for (const kernel_config_row& row : kernel_config_rows)
+    if (row.attention_rows == 0 || row.attention_rows % row.mr != 0) return false;
+  return true;
+}(), "attention tiles are whole MR panels: no short row edge in their GEMMs");
 
 /// The largest MR x NR of any row (edge tiles are kept on the stack).
 inline constexpr std::size_t max_tile_floats = [] {
@@ -75,6 +87,7 @@ inline constexpr std::size_t max_tile_floats = [] {
 struct kernel_config {
   const kernel_config_row* row;
   std::size_t mr, nr, mc, kc, nc;
+  std::size_t attention_rows;
   std::string blocking_why;  // how MC and NC followed from this CPU's caches
   std::string chosen_why;    // why this row (CPU class match, or KVHEAD_CONFIG)
 };

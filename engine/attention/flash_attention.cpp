@@ -8,6 +8,7 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include "engine/arch/kernel_config.hpp"
 #include "engine/arch/scratch.hpp"
 #include "engine/gemm/pack.hpp"
 #include "engine/scheduler/split_schedule.hpp"
@@ -15,12 +16,6 @@
 
 namespace kvhead::engine {
 namespace {
-
-// Query rows stacked per tile: R heads x positions <= 120 rows, so the
-// chunk's scores (120 x 256 floats) and accumulators stay in L2; 120 is a
-// multiple of every path's MR (12, 6, 6), so tiles have no short row edge.
-// Measured on S2 and S3 at one thread: 60, 120 and 240 rows within 2%.
-constexpr std::size_t stacked_rows = 120;
 
 std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
 
@@ -89,7 +84,9 @@ std::size_t attention_tile::visible_end(std::size_t row) const {
   return causal ? std::min(key_limit, q_offset + row + 1) : key_limit;
 }
 
-std::size_t tile_positions(std::size_t group) { return std::max<std::size_t>(1, stacked_rows / group); }
+std::size_t tile_positions(std::size_t group, simd_path path) {
+  return std::max<std::size_t>(1, kernel_config_for(path).attention_rows / group);
+}
 
 namespace {
 
@@ -362,7 +359,7 @@ struct flash_workspace {
 void flash_attention(const attention_problem& problem) {
   const attention_dims& dims = problem.dims;
   const std::size_t group = dims.num_heads / dims.num_kv_heads;
-  const std::size_t positions = tile_positions(group);
+  const std::size_t positions = tile_positions(group, problem.path);
   const reusable<flash_workspace> work;
   std::vector<attention_tile>& tiles = work->tiles;
   tiles.clear();

@@ -84,8 +84,10 @@ struct attention_tile {
   std::size_t visible_end(std::size_t row) const;
 };
 
-/// Query positions per tile for a group of R heads (R x positions <= 120 rows).
-std::size_t tile_positions(std::size_t group);
+/// Query positions per tile for a group of R heads on `path`: R x positions
+/// <= the configuration's attention_rows (engine/arch/kernel_config.hpp), at
+/// least 1. Only cuts the work: results do not depend on it.
+std::size_t tile_positions(std::size_t group, simd_path path);
 
 /// The scheduler's view of tiles: per tile, its key chunks and the
 /// multiply-adds of q kᵀ and p v over its visible keys.

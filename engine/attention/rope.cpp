@@ -23,12 +23,20 @@ struct rope_table {
   std::vector<float> cos_sin;
 };
 
-// Positions a table grows to when `positions` are needed: at least 4096 (a
-// context most callers stay within) and the power of two at or above twice
-// the request, so one growth covers a long stretch of decoding.
+// The most positions a table holds: 2^17 (64 MiB at head_dim 128). Rows at
+// later positions compute their cos and sin on the spot, with the same
+// arithmetic (rope_table_source::angles), so a position's bits never depend
+// on whether the table covered it, and a position near SIZE_MAX allocates
+// nothing.
+constexpr std::size_t table_limit = std::size_t{1} << 17;
+
+// Positions a table grows to when `positions` (<= table_limit) are needed: at
+// least 4096 (a context most callers stay within) and the power of two at or
+// above twice the request, so one growth covers a long stretch of decoding.
 std::size_t grown_positions(std::size_t positions) {
   constexpr std::size_t minimum = 4096;
-  return std::max(minimum, std::bit_ceil(2 * positions));
+  static_assert(minimum <= table_limit && std::has_single_bit(table_limit));
+  return std::min(table_limit, std::max(minimum, std::bit_ceil(2 * positions)));
 }
 
 }  // namespace
@@ -46,8 +54,20 @@ class rope_table_source {
       inv_freq_.push_back(std::pow(theta, -2.0 * double(i) / double(head_dim)));
   }
 
-  /// A table of at least `positions` positions.
+  /// cos and sin of pairs [first, first + count) of position `position`,
+  /// into cos[0, count) and sin[0, count): angle = position * inv_freq_i in
+  /// double, cos and sin rounded to float.
+  void angles(std::size_t position, std::size_t first, std::size_t count, float* cos, float* sin) const {
+    for (std::size_t i = 0; i < count; ++i) {
+      const double angle = double(position) * inv_freq_[first + i];
+      cos[i] = float(std::cos(angle));
+      sin[i] = float(std::sin(angle));
+    }
+  }
+
+  /// A table of at least min(positions, table_limit) positions.
   std::shared_ptr<const rope_table> covering(std::size_t positions) {
+    positions = std::min(positions, table_limit);
     std::shared_ptr<const rope_table> current;
     {
       const std::lock_guard lock(mutex_);
@@ -61,25 +81,18 @@ class rope_table_source {
   }
 
  private:
-  // `old`'s rows copied, the rest computed: angle = position * inv_freq_i in
-  // double, cos and sin rounded to float.
+  // `old`'s rows copied, the rest computed by angles().
   std::shared_ptr<const rope_table> grow(const rope_table* old, std::size_t positions) const {
     auto table = std::make_shared<rope_table>();
     table->positions = positions;
     table->cos_sin.resize(positions * head_dim_);
     const std::size_t kept = old != nullptr ? old->positions : 0;
     if (old != nullptr) std::copy(old->cos_sin.begin(), old->cos_sin.end(), table->cos_sin.begin());
-    const std::size_t half = inv_freq_.size();
     tbb::parallel_for(tbb::blocked_range<std::size_t>(kept, positions, 256),
                       [&](const tbb::blocked_range<std::size_t>& range) {
                         for (std::size_t position = range.begin(); position != range.end(); ++position) {
                           float* cos = table->cos_sin.data() + position * head_dim_;
-                          float* sin = cos + half;
-                          for (std::size_t i = 0; i < half; ++i) {
-                            const double angle = double(position) * inv_freq_[i];
-                            cos[i] = float(std::cos(angle));
-                            sin[i] = float(std::sin(angle));
-                          }
+                          angles(position, 0, inv_freq_.size(), cos, cos + inv_freq_.size());
                         }
                       });
     return table;
@@ -112,19 +125,34 @@ rope::rope(std::size_t head_dim, double theta)
 void rope::apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t heads,
                  const std::size_t* positions) const {
   if (table_ == nullptr || rows == 0) return;
-  const std::shared_ptr<const rope_table> table = table_->covering(*std::max_element(positions, positions + rows) + 1);
+  const std::size_t last = *std::max_element(positions, positions + rows);
+  const std::shared_ptr<const rope_table> table = table_->covering(std::min(last, table_limit - 1) + 1);
   const std::size_t half = head_dim_ / 2;
+  // Pairs [first, first + count) of every head of `row`, with their cos and sin.
+  auto rotate_pairs = [&](std::size_t row, std::size_t first, std::size_t count, const float* cos, const float* sin) {
+    for (std::size_t head = 0; head < heads; ++head) {
+      float* values = x + row * row_stride + head * head_dim_ + first;
+      for (std::size_t i = 0; i < count; ++i) {
+        const float first_half = values[i], second_half = values[i + half];
+        values[i] = first_half * cos[i] - second_half * sin[i];
+        values[i + half] = second_half * cos[i] + first_half * sin[i];
+      }
+    }
+  };
   auto rotate = [&](std::size_t row_begin, std::size_t row_end) {
     for (std::size_t row = row_begin; row < row_end; ++row) {
-      const float* cos = table->cos_sin.data() + positions[row] * head_dim_;
-      const float* sin = cos + half;
-      for (std::size_t head = 0; head < heads; ++head) {
-        float* values = x + row * row_stride + head * head_dim_;
-        for (std::size_t i = 0; i < half; ++i) {
-          const float first = values[i], second = values[i + half];
-          values[i] = first * cos[i] - second * sin[i];
-          values[i + half] = second * cos[i] + first * sin[i];
-        }
+      if (positions[row] < table->positions) {
+        const float* cos = table->cos_sin.data() + positions[row] * head_dim_;
+        rotate_pairs(row, 0, half, cos, cos + half);
+        continue;
+      }
+      // Past the table: the same cos and sin, computed a few pairs at a time.
+      constexpr std::size_t pairs_at_once = 32;
+      float cos[pairs_at_once], sin[pairs_at_once];
+      for (std::size_t first = 0; first < half; first += pairs_at_once) {
+        const std::size_t count = std::min(pairs_at_once, half - first);
+        table_->angles(positions[row], first, count, cos, sin);
+        rotate_pairs(row, first, count, cos, sin);
       }
     }
   };

@@ -10,7 +10,9 @@
 // theta), shared by every layer and every call of the process (rope.cpp):
 // computed once, as above, and grown geometrically when a larger position is
 // asked for, so a growing sequence regrows it O(log n) times and steady-state
-// calls allocate nothing.
+// calls allocate nothing. The table stops at 2^17 positions (64 MiB at
+// head_dim 128); a row at a later position computes its cos and sin on the
+// spot, with the same arithmetic and so the same bits, allocating nothing.
 #pragma once
 
 #include <cstddef>

@@ -146,7 +146,7 @@ void cached_attention(const kv_cache& cache, std::size_t layer, const std::vecto
                       simd_path path) {
   const std::size_t kv_heads = cache.config().num_kv_heads, head_dim = cache.config().head_dim;
   const std::size_t group = num_heads / kv_heads;
-  const std::size_t tile_rows = tile_positions(group);
+  const std::size_t tile_rows = tile_positions(group, path);
   const std::size_t out_row_stride = num_heads * head_dim;
   const reusable<attention_workspace> work;
   std::vector<attention_tile>& tiles = work->tiles;
