@@ -39,6 +39,7 @@ void validate_heads(const char* where, std::size_t num_heads, std::size_t num_kv
 void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q, head_tensor<const float> k,
                                   head_tensor<const float> v, head_tensor<float> out,
                                   const attention_options& options) {
+  const engine::default_fp_environment environment;  // for the scale (arena.hpp)
   validate_heads("scaled_dot_product_attention", dims.num_heads, dims.num_kv_heads, dims.head_dim);
   const bool empty_queries = dims.batch == 0 || dims.q_len == 0;
   engine::require(empty_queries || (q.data != nullptr && out.data != nullptr),
@@ -175,7 +176,10 @@ void attention_layer::impl::project(const float* x, std::size_t rows, const std:
 }
 
 attention_layer::attention_layer(const attention_config& config, const attention_weights& weights)
-    : impl_(std::make_unique<impl>(validated(config), weights)) {}
+    : impl_([&] {
+        const engine::default_fp_environment environment;  // for the scale and RoPE's frequencies (arena.hpp)
+        return std::make_unique<impl>(validated(config), weights);
+      }()) {}
 attention_layer::~attention_layer() = default;
 attention_layer::attention_layer(attention_layer&&) noexcept = default;
 attention_layer& attention_layer::operator=(attention_layer&&) noexcept = default;

@@ -23,8 +23,23 @@
 // the output); a key hidden only by the additive mask still contributes 0 * v,
 // so a NaN or Inf value there propagates.
 //
-// Threads. Work runs on oneTBB in the caller's task arena: to bound the
-// threads, call from inside a tbb::task_arena of that size.
+// Threads. Work runs on oneTBB in the caller's task arena (or the one
+// set_num_threads configured): to bound the threads, call from inside a
+// tbb::task_arena of that size. What may be called concurrently, from any
+// threads: scaled_dot_product_attention, always (outputs must not overlap);
+// the const members of one attention_layer (config, both forwards: the layer
+// is immutable after construction, its scratch per thread); forwards over one
+// kv_cache as kv_cache.hpp's "Threads" allows (batches naming disjoint
+// sequences). Moving, assigning or destroying a layer must not overlap a call
+// on it. Results do not depend on the thread count or on concurrent callers.
+//
+// Floating-point environment. kvhead ignores the caller's: every call
+// computes, in every thread it uses, in the default environment (round to
+// nearest, flush-to-zero and denormals-are-zero off, all exceptions masked),
+// and restores the caller's (flags included) on return. So a caller that
+// enabled FTZ/DAZ or another rounding mode, in some threads or all, gets the
+// same bits as one that did not, for any thread count; denormal inputs and
+// results are kept.
 //
 // Errors. Bad shapes or arguments throw std::invalid_argument naming the
 // problem; nothing is written then.
@@ -153,10 +168,21 @@ class attention_layer {
   /// a prefill chunk of one sequence with single-token steps of others.
   /// Results are bit-identical to forward() with causal = true over each
   /// whole sequence, however the tokens were chunked or batched.
-  /// Errors (std::invalid_argument, nothing written): a cache geometry that
-  /// does not match (num_kv_heads, head_dim), a layer index out of range, a
-  /// sequence listed twice, tokens = 0 or more than the sequence's length;
-  /// an unknown sequence id throws kv_cache_error.
+  /// Isolation (kv_cache.hpp, "Writing"): `tokens` must be exactly
+  /// length - mark, the positions this layer has not written yet, and the
+  /// blocks holding them must belong to that sequence alone; on success the
+  /// layer's mark becomes the length. So each layer runs once per append, a
+  /// layer skipped (or a step abandoned by an exception) is refused on the
+  /// next step until its positions are written, and re-running a forward
+  /// after truncate or fork without a new append is refused.
+  /// Errors (std::invalid_argument, nothing written, no mark moved): a cache
+  /// geometry that does not match (num_kv_heads, head_dim), a layer index out
+  /// of range, a sequence listed twice, tokens = 0 or more than the
+  /// sequence's length, tokens other than length - mark (the message names
+  /// the sequence, the layer, the mark and the length), unwritten positions
+  /// in a block shared with another sequence; an unknown sequence id throws
+  /// kv_cache_error. A call that fails later (std::bad_alloc) moves no mark
+  /// and may be repeated.
   void forward(kv_cache& cache, std::size_t layer, const std::vector<sequence_tokens>& batch, const float* x,
                float* y) const;
 
