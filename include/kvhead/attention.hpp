@@ -102,8 +102,12 @@ struct attention_options {
 /// out = softmax(scale * q kᵀ + masks) v, per head. q and out have num_heads
 /// heads and q_len positions, k and v num_kv_heads heads and kv_len
 /// positions; all have head_dim floats per row. out may not overlap the
-/// inputs, and the rows of k (and of v) may not overlap one another:
-/// seq_stride >= head_dim.
+/// inputs. Checked (std::invalid_argument, out untouched): every view's
+/// seq_stride >= head_dim (the rows along seq do not overlap); the rows of out
+/// do not overlap one another at all (its axes, sorted by stride, nest: each
+/// stride at least the span of the axes inside it, as in every dense layout);
+/// no view addresses beyond the end of memory; q_offset + q_len, and the
+/// sizes of the mask and the probabilities, fit std::size_t.
 void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q, head_tensor<const float> k,
                                   head_tensor<const float> v, head_tensor<float> out,
                                   const attention_options& options = {});
@@ -147,6 +151,10 @@ struct sequence_tokens {
 /// result equals torch.nn.MultiheadAttention with in_proj = [Wq; Wk; Wv].
 class attention_layer {
  public:
+  /// Errors (std::invalid_argument naming the field): num_heads, head_dim or
+  /// d_model 0, num_kv_heads not dividing num_heads, a non-finite scale or
+  /// rope_theta, RoPE with an odd head_dim, weight sizes overflowing
+  /// std::size_t, a null weight.
   attention_layer(const attention_config& config, const attention_weights& weights);
   ~attention_layer();
   attention_layer(attention_layer&&) noexcept;
@@ -156,6 +164,10 @@ class attention_layer {
 
   /// y = layer(x): x and y are [batch, seq, d_model] row-major; y may not
   /// overlap x. Every sequence starts at position 0; causal as configured.
+  /// batch x seq x the widest row (d_model or (H + 2G) d) must fit
+  /// std::size_t (std::invalid_argument otherwise, y untouched). NaN or Inf
+  /// in x is not an error: it propagates to the outputs that attend to its
+  /// row (see "Special values" above), never a crash.
   void forward(const float* x, std::size_t batch, std::size_t seq, float* y) const;
 
   /// Incremental decoding over a KV cache, as layer `layer` of the cache.

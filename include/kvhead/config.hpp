@@ -54,6 +54,18 @@ const char* kernel_config_name();
 void set_num_threads(std::size_t threads);
 std::size_t num_threads();
 
+/// Frees kvhead's per-thread scratch memory (GEMM packing buffers, Q/K/V and
+/// attention workspaces) on every thread of the process, except what a
+/// kvhead call running at that moment is using. Each thread keeps its scratch
+/// between calls, so that steady-state calls allocate nothing; it grows to
+/// the largest call that thread has run (an 8k-token prefill leaves hundreds
+/// of MB per thread). Call this after such a one-off call. It may be called
+/// at any time from any thread, also while other threads run kvhead calls:
+/// those keep what they use, and the next calls allocate their scratch again
+/// (once). Packed weights and KV caches are not scratch: they belong to their
+/// attention_layer and kv_cache. Never throws.
+void release_scratch() noexcept;
+
 /// How attention reduces a key range that the scheduler splits across tasks
 /// (long pasts decoded for few sequences).
 ///   fixed    (default) every 256-key chunk's partial is merged left to right,
