@@ -192,6 +192,10 @@ struct forward_workspace {
 }  // namespace
 
 void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq, float* y) const {
+  forward(x, batch, seq, impl_->config.causal, y);
+}
+
+void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq, bool causal, float* y) const {
   const attention_config& config = impl_->config;
   const std::size_t rows = batch * seq;
   if (rows == 0) return;
@@ -213,7 +217,7 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
                                           view(heads + kv_heads),
                                           head_tensor<float>::bshd(attended.data(), heads, seq, head_dim),
                                           *config.scale,
-                                          config.causal,
+                                          causal,
                                           0,
                                           nullptr,
                                           nullptr,

@@ -35,6 +35,7 @@
 #include <optional>
 #include <vector>
 
+#include "kvhead/export.h"
 #include "kvhead/kv_cache.hpp"
 
 namespace kvhead {
@@ -89,9 +90,9 @@ struct attention_options {
 /// positions; all have head_dim floats per row. out may not overlap the
 /// inputs, and the rows of k (and of v) may not overlap one another:
 /// seq_stride >= head_dim.
-void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q, head_tensor<const float> k,
-                                  head_tensor<const float> v, head_tensor<float> out,
-                                  const attention_options& options = {});
+KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q,
+                                             head_tensor<const float> k, head_tensor<const float> v,
+                                             head_tensor<float> out, const attention_options& options = {});
 
 struct attention_config {
   std::size_t num_heads = 0;     // H
@@ -130,7 +131,7 @@ struct sequence_tokens {
 /// computed in double and rounded to float; positions are absolute, 0 for
 /// the first token of each sequence. With H = G, no RoPE and no mask the
 /// result equals torch.nn.MultiheadAttention with in_proj = [Wq; Wk; Wv].
-class attention_layer {
+class KVHEAD_API attention_layer {
  public:
   attention_layer(const attention_config& config, const attention_weights& weights);
   ~attention_layer();
@@ -142,6 +143,8 @@ class attention_layer {
   /// y = layer(x): x and y are [batch, seq, d_model] row-major; y may not
   /// overlap x. Every sequence starts at position 0; causal as configured.
   void forward(const float* x, std::size_t batch, std::size_t seq, float* y) const;
+  /// The same with the causality chosen per call (config().causal ignored).
+  void forward(const float* x, std::size_t batch, std::size_t seq, bool causal, float* y) const;
 
   /// Incremental decoding over a KV cache, as layer `layer` of the cache.
   /// For each entry of `batch`, its sequence's `tokens` newest positions are
@@ -161,7 +164,7 @@ class attention_layer {
                float* y) const;
 
  private:
-  struct impl;
+  struct KVHEAD_HIDDEN impl;
   std::unique_ptr<impl> impl_;
 };
 
