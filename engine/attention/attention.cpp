@@ -282,6 +282,10 @@ struct forward_workspace {
 }  // namespace
 
 void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq, float* y) const {
+  forward(x, batch, seq, impl_->config.causal, y);
+}
+
+void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq, bool causal, float* y) const {
   const attention_config& config = impl_->config;
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
   // qkv [batch, seq, H + 2G heads, d]: q, k and v are views into it.
@@ -308,7 +312,7 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
                                           view(heads + kv_heads),
                                           head_tensor<float>::bshd(attended.data(), heads, seq, head_dim),
                                           *config.scale,
-                                          config.causal,
+                                          causal,
                                           0,
                                           nullptr,
                                           nullptr,

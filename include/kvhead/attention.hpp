@@ -50,6 +50,7 @@
 #include <optional>
 #include <vector>
 
+#include "kvhead/export.h"
 #include "kvhead/kv_cache.hpp"
 
 namespace kvhead {
@@ -108,9 +109,9 @@ struct attention_options {
 /// stride at least the span of the axes inside it, as in every dense layout);
 /// no view addresses beyond the end of memory; q_offset + q_len, and the
 /// sizes of the mask and the probabilities, fit std::size_t.
-void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q, head_tensor<const float> k,
-                                  head_tensor<const float> v, head_tensor<float> out,
-                                  const attention_options& options = {});
+KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q,
+                                             head_tensor<const float> k, head_tensor<const float> v,
+                                             head_tensor<float> out, const attention_options& options = {});
 
 struct attention_config {
   std::size_t num_heads = 0;     // H
@@ -149,7 +150,7 @@ struct sequence_tokens {
 /// computed in double and rounded to float; positions are absolute, 0 for
 /// the first token of each sequence. With H = G, no RoPE and no mask the
 /// result equals torch.nn.MultiheadAttention with in_proj = [Wq; Wk; Wv].
-class attention_layer {
+class KVHEAD_API attention_layer {
  public:
   /// Errors (std::invalid_argument naming the field): num_heads, head_dim or
   /// d_model 0, num_kv_heads not dividing num_heads, a non-finite scale or
@@ -169,6 +170,8 @@ class attention_layer {
   /// in x is not an error: it propagates to the outputs that attend to its
   /// row (see "Special values" above), never a crash.
   void forward(const float* x, std::size_t batch, std::size_t seq, float* y) const;
+  /// The same with the causality chosen per call (config().causal ignored).
+  void forward(const float* x, std::size_t batch, std::size_t seq, bool causal, float* y) const;
 
   /// Incremental decoding over a KV cache, as layer `layer` of the cache.
   /// For each entry of `batch`, its sequence's `tokens` newest positions are
@@ -199,7 +202,7 @@ class attention_layer {
                float* y) const;
 
  private:
-  struct impl;
+  struct KVHEAD_HIDDEN impl;
   std::unique_ptr<impl> impl_;
 };
 

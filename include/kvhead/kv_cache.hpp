@@ -88,6 +88,8 @@
 #include <memory>
 #include <stdexcept>
 
+#include "kvhead/export.h"
+
 namespace kvhead {
 
 namespace engine {
@@ -112,12 +114,12 @@ struct kv_cache_config {
 using sequence_id = std::uint64_t;
 
 /// Every misuse of a kv_cache (see "Errors" above).
-class kv_cache_error : public std::runtime_error {
+class KVHEAD_API kv_cache_error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-class kv_cache {
+class KVHEAD_API kv_cache {
  public:
   /// Validates the configuration and allocates the whole pool.
   explicit kv_cache(const kv_cache_config& config);
@@ -160,7 +162,7 @@ class kv_cache {
   std::size_t bytes_in_use() const;  // (total_blocks() - free_blocks()) * block_bytes()
 
  private:
-  struct impl;
+  struct KVHEAD_HIDDEN impl;
   std::unique_ptr<impl> impl_;
   friend struct engine::kv_cache_internals;
 };
