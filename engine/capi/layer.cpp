@@ -39,6 +39,14 @@ constexpr kvh_layer_options default_options() {
 
 /// The caller's options as this library's struct: the fields its
 /// struct_size covers, defaults for the later ones.
+///
+/// Adding a field (kvhead.h's ABI rule): append it to kvh_layer_options,
+/// give its default in default_options(), validate it in load_options() or
+/// where it is used. Nothing else changes: an older caller's struct_size
+/// stops before the field, which then keeps its default. A field that fits
+/// in the old struct's tail padding (an int32 after threads: sizeof stays
+/// 40) is covered by the old struct_size too, and holds its default there,
+/// because kvh_layer_options_init_sized, run by this library, wrote it.
 kvh_layer_options read_options(const kvh_layer_options& given) {
   const std::size_t size = given.struct_size;
   check(size >= first_options_size, KVH_ERR_INVALID_ARGUMENT, [&] {
