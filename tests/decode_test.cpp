@@ -24,6 +24,7 @@
 #include "kvhead/config.hpp"
 #include "kvhead/kv_cache.hpp"
 #include "tests/random_values.hpp"
+#include "tests/thread_sanitizer.hpp"
 
 namespace {
 
@@ -484,26 +485,13 @@ TEST_CASE("decode isolation: a recycled block's old K/V are never attended" * do
 // free. Each thread's outputs must equal, bit for bit, a one-thread replay of
 // the same schedules, which checks every step against the cache-free forward.
 //
-// Under ThreadSanitizer every thread runs in a one-thread task arena: Debian's
-// oneTBB is not instrumented, so TSan cannot see the synchronization inside
-// it and reports races between a task and the thread that spawned it; with
-// one thread per arena every task runs on its caller's thread, and what TSan
-// checks is kvhead's own synchronization between the callers. Elsewhere the
-// arenas have two threads (results never depend on the thread count).
+// Under ThreadSanitizer every thread runs in a one-thread task arena (and
+// oneTBB runs no worker at all: tests/thread_sanitizer.cpp says why); elsewhere
+// the arenas have two threads (results never depend on the thread count).
 
 namespace {
 
-#if defined(__SANITIZE_THREAD__)
-constexpr bool under_thread_sanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool under_thread_sanitizer = true;
-#else
-constexpr bool under_thread_sanitizer = false;
-#endif
-#else
-constexpr bool under_thread_sanitizer = false;
-#endif
+using kvhead::testing::under_thread_sanitizer;
 
 struct stress_run {
   static constexpr std::size_t threads = 4, steps = 120, max_sequences = 6, max_length = 150, root_length = 45;

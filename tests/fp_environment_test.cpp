@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <tbb/task_arena.h>
@@ -37,7 +38,6 @@ struct environment {
   int traps;          // exceptions unmasked (feenableexcept)
 };
 
-const environment default_environment{"default", FE_TONEAREST, 0, 0};
 const environment altered[] = {
     {"FTZ + DAZ", FE_TONEAREST, flush_to_zero | denormals_are_zero, 0},
     {"FTZ only", FE_TONEAREST, flush_to_zero, 0},
@@ -137,7 +137,8 @@ TEST_CASE("fp environment: the caller's FTZ/DAZ and rounding mode and traps chan
 
   for (const environment& env : altered) {
     for (const int threads : {1, 2, 3}) {
-      CAPTURE(env.name);
+      const std::string name = env.name;
+      CAPTURE(name);
       CAPTURE(threads);
       std::vector<float> got;
       unsigned set = 0, after = 0;
