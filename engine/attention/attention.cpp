@@ -122,8 +122,8 @@ attention_config validated(attention_config config) {
 
 std::optional<engine::qk_norm> make_qk_norm(const attention_config& config, const attention_weights& weights) {
   if (!config.qk_norm_eps) return std::nullopt;
-  return engine::qk_norm(config.head_dim, *config.qk_norm_eps, non_null("q_norm", weights.q_norm),
-                         non_null("k_norm", weights.k_norm));
+  const float* q_norm = non_null("q_norm", weights.q_norm);  // q checked first
+  return engine::qk_norm(config.head_dim, *config.qk_norm_eps, q_norm, non_null("k_norm", weights.k_norm));
 }
 
 }  // namespace
