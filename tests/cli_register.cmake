@@ -29,7 +29,8 @@ endforeach()
 
 add_executable(kvhead_cli_tests cli_test.cpp cli_loader_test.cpp cli_decode_test.cpp cli_demo_test.cpp
   cli_model_test.cpp)
-target_link_libraries(kvhead_cli_tests PRIVATE kvhead_internal kvhead_warnings doctest::doctest)
+target_link_libraries(kvhead_cli_tests PRIVATE kvhead_internal kvhead_warnings doctest::doctest
+  nlohmann_json::nlohmann_json)
 target_compile_definitions(kvhead_cli_tests PRIVATE
   "KVHEAD_CLI_PATH=\"$<TARGET_FILE:kvhead_cli>\""
   "KVHEAD_GOLDEN_DIR=\"${CMAKE_CURRENT_SOURCE_DIR}/data/golden\""
