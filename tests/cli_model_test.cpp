@@ -78,9 +78,9 @@ TEST_CASE("model_folders_match_their_goldens_on_every_simd_path_and_decode_match
       MESSAGE(name << " on " << std::string(to_string(path)) << ": max relative error " << error);
       CHECK(error <= 1e-4);  // NaN fails
       const std::string reference = read_bytes(run_output);
-      for (const std::vector<std::string>& variant :
-           {std::vector<std::string>{"--chunk", "1", "--threads", "2"}, {"--chunk", "5", "--threads", "1"},
-            {"--chunk", "1000", "--threads", "2"}}) {
+      for (const std::vector<std::string>& variant : {std::vector<std::string>{"--chunk", "1", "--threads", "2"},
+                                                      {"--chunk", "5", "--threads", "1"},
+                                                      {"--chunk", "1000", "--threads", "2"}}) {
         CAPTURE(variant[1]);
         const std::string decoded = dir.file("decode-" + variant[1] + ".npy");
         expect_clean(run_kvhead(with(with({"decode", "--output", decoded}, flags), variant), env));
@@ -158,8 +158,7 @@ TEST_CASE("model_folder_errors") {
     expect_model_failure(copy_case(dir, "llama_linear"), "2", exit_failure, {"num_hidden_layers 2"});
   }
   SUBCASE("a head count that does not divide") {
-    const std::string folder =
-        copy_case(dir, "llama_linear", [](nlohmann::json& c) { c["num_key_value_heads"] = 3; });
+    const std::string folder = copy_case(dir, "llama_linear", [](nlohmann::json& c) { c["num_key_value_heads"] = 3; });
     expect_model_failure(folder, "0", exit_failure, {"num_attention_heads 4", "num_key_value_heads 3"});
     const std::string no_head_dim = copy_case(dir, "qwen25_bias", [](nlohmann::json& c) {
       c["num_attention_heads"] = 5;
@@ -211,18 +210,17 @@ TEST_CASE("model_folder_errors") {
     fs::remove(fs::path(folder) / "model.safetensors");
     std::vector<tensor> tensors;
     for (const char* proj : {"q_proj", "o_proj"})
-      tensors.push_back({std::string("model.layers.0.self_attn.") + proj + ".weight", {64, 64},
-                         std::vector<float>(64 * 64, 0.0f)});
+      tensors.push_back(
+          {std::string("model.layers.0.self_attn.") + proj + ".weight", {64, 64}, std::vector<float>(64 * 64, 0.0f)});
     for (const char* proj : {"k_proj", "v_proj"})
-      tensors.push_back({std::string("model.layers.0.self_attn.") + proj + ".weight", {32, 64},
-                         std::vector<float>(32 * 64, 0.0f)});
+      tensors.push_back(
+          {std::string("model.layers.0.self_attn.") + proj + ".weight", {32, 64}, std::vector<float>(32 * 64, 0.0f)});
     tensors.push_back({"model.layers.0.self_attn.sinks", {4}, std::vector<float>(4, 0.0f)});
     write_safetensors((fs::path(folder) / "model.safetensors").string(), tensors);
     expect_model_failure(folder, "0", exit_failure, {"sinks", "not implemented yet"});
   }
   SUBCASE("a bias the family does not have") {
-    const std::string folder =
-        copy_case(dir, "llama_yarn", [](nlohmann::json& c) { c["attention_bias"] = false; });
+    const std::string folder = copy_case(dir, "llama_yarn", [](nlohmann::json& c) { c["attention_bias"] = false; });
     expect_model_failure(folder, "1", exit_failure, {"unexpected tensor", "bias"});
   }
   SUBCASE("flags that contradict config.json, and flags that cannot go with --model") {
@@ -240,9 +238,9 @@ TEST_CASE("model_flags_that_agree_with_config_json_are_accepted") {
   scratch_dir dir;
   const std::string name = "llama_linear";
   const std::string output = dir.file("y.npy");
-  expect_clean(run_kvhead(with({"run", "--output", output, "--heads", "4", "--kv-heads", "2", "--rope-theta", "10000",
-                                "--causal"},
-                               model_flags(model_dir(name), "0", (fs::path(model_dir(name)) / "input.npy").string()))));
+  expect_clean(run_kvhead(
+      with({"run", "--output", output, "--heads", "4", "--kv-heads", "2", "--rope-theta", "10000", "--causal"},
+           model_flags(model_dir(name), "0", (fs::path(model_dir(name)) / "input.npy").string()))));
   CHECK(relative_error(output, (fs::path(model_dir(name)) / "expected.npy").string()) <= 1e-4);
 }
 

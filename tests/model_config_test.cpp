@@ -25,7 +25,8 @@ using nlohmann::json;
 
 /// read_model_config on `config` written to a temporary config.json.
 kvhead::io::model_layer_spec spec_of(const json& config, std::size_t layer = 0) {
-  const fs::path path = fs::temp_directory_path() / ("kvhead-model-config-test-" + std::to_string(::getpid()) + ".json");
+  const fs::path path =
+      fs::temp_directory_path() / ("kvhead-model-config-test-" + std::to_string(::getpid()) + ".json");
   std::ofstream(path) << config.dump();
   struct remover {
     fs::path p;
@@ -35,8 +36,9 @@ kvhead::io::model_layer_spec spec_of(const json& config, std::size_t layer = 0) 
 }
 
 json llama() {
-  return {{"model_type", "llama"}, {"hidden_size", 64}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-          {"num_hidden_layers", 2}, {"rope_theta", 500000.0}, {"max_position_embeddings", 1024}};
+  return {{"model_type", "llama"},          {"hidden_size", 64},      {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},       {"num_hidden_layers", 2}, {"rope_theta", 500000.0},
+          {"max_position_embeddings", 1024}};
 }
 
 std::string error_of(const json& config, std::size_t layer = 0) {
@@ -68,8 +70,8 @@ TEST_CASE("model config: llama defaults, and the layer's shape") {
   json no_kv = llama();
   no_kv.erase("num_key_value_heads");
   no_kv.erase("rope_theta");
-  CHECK(spec_of(no_kv).config.num_kv_heads == 4);           // absent: MHA
-  CHECK(spec_of(no_kv).config.rope_theta == 10000.0);       // HF's default
+  CHECK(spec_of(no_kv).config.num_kv_heads == 4);      // absent: MHA
+  CHECK(spec_of(no_kv).config.rope_theta == 10000.0);  // HF's default
   json biased = llama();
   biased["attention_bias"] = true;
   CHECK(spec_of(biased).qkv_bias);
@@ -78,8 +80,9 @@ TEST_CASE("model config: llama defaults, and the layer's shape") {
 
 TEST_CASE("model config: rope_scaling and rope_parameters, type and rope_type, read alike") {
   json old_style = llama();
-  old_style["rope_scaling"] = {{"type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 256},
-                               {"beta_fast", 0}, {"mscale", 0.7}, {"mscale_all_dim", 0.9}, {"truncate", false}};
+  old_style["rope_scaling"] = {{"type", "yarn"},   {"factor", 4},   {"original_max_position_embeddings", 256},
+                               {"beta_fast", 0},   {"mscale", 0.7}, {"mscale_all_dim", 0.9},
+                               {"truncate", false}};
   json new_style = llama();
   new_style.erase("rope_theta");
   new_style["rope_parameters"] = old_style["rope_scaling"];

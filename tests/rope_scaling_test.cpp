@@ -46,9 +46,10 @@ std::pair<rope_variant, rope_scaling> random_variant(rope_kind kind, std::size_t
   }
   if (attention == 2) v.attention_factor = 0.5 + unit(generator);
   using k = rope_scaling::kind;
-  s.type = kind == rope_kind::plain ? k::none : kind == rope_kind::linear ? k::linear
-                                            : kind == rope_kind::llama3  ? k::llama3
-                                                                         : k::yarn;
+  s.type = kind == rope_kind::plain    ? k::none
+           : kind == rope_kind::linear ? k::linear
+           : kind == rope_kind::llama3 ? k::llama3
+                                       : k::yarn;
   s.factor = v.factor;
   s.low_freq_factor = v.low_freq_factor;
   s.high_freq_factor = v.high_freq_factor;

@@ -25,9 +25,9 @@ namespace kvhead::tools {
 
 /// The flags of `kvhead run`; `kvhead decode` adds --chunk.
 inline constexpr flag_spec layer_job_flags[] = {
-    {"--weights", true}, {"--input", true},      {"--output", true}, {"--heads", true}, {"--kv-heads", true},
-    {"--causal", false}, {"--rope-theta", true}, {"--prefix", true}, {"--scale", true}, {"--threads", true},
-    {"--model", true},   {"--layer", true},
+    {"--weights", true},  {"--input", true},   {"--output", true},     {"--heads", true},
+    {"--kv-heads", true}, {"--causal", false}, {"--rope-theta", true}, {"--prefix", true},
+    {"--scale", true},    {"--threads", true}, {"--model", true},      {"--layer", true},
 };
 
 /// With --model: the layer flags that were also given, each checked against

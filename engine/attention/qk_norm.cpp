@@ -5,7 +5,10 @@
 namespace kvhead::engine {
 
 qk_norm::qk_norm(std::size_t head_dim, float eps, const float* q_weight, const float* k_weight)
-    : head_dim_(head_dim), eps_(eps), q_weight_(q_weight, q_weight + head_dim), k_weight_(k_weight, k_weight + head_dim) {}
+    : head_dim_(head_dim),
+      eps_(eps),
+      q_weight_(q_weight, q_weight + head_dim),
+      k_weight_(k_weight, k_weight + head_dim) {}
 
 void qk_norm::apply(float* qkv, std::size_t rows, std::size_t row_stride, std::size_t num_heads,
                     std::size_t num_kv_heads) const {

@@ -25,8 +25,8 @@ void scale_llama3(std::vector<double>& inv_freq, const rope_scaling& s) {
     if (wavelen > low_freq_wavelen) {
       f /= s.factor;
     } else if (wavelen >= high_freq_wavelen) {
-      const double smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) /
-                            (s.high_freq_factor - s.low_freq_factor);
+      const double smooth =
+          (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
       f = (1.0 - smooth) * f / s.factor + smooth * f;
     }
   }

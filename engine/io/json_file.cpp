@@ -36,12 +36,18 @@ std::string read_whole(const std::string& path) {
 
 std::string json_type_name(const nlohmann::json& value) {
   switch (value.type()) {
-    case nlohmann::json::value_t::null: return "null";
-    case nlohmann::json::value_t::object: return "an object";
-    case nlohmann::json::value_t::array: return "an array";
-    case nlohmann::json::value_t::string: return "a string";
-    case nlohmann::json::value_t::boolean: return "a boolean";
-    default: return "a number";
+    case nlohmann::json::value_t::null:
+      return "null";
+    case nlohmann::json::value_t::object:
+      return "an object";
+    case nlohmann::json::value_t::array:
+      return "an array";
+    case nlohmann::json::value_t::string:
+      return "a string";
+    case nlohmann::json::value_t::boolean:
+      return "a boolean";
+    default:
+      return "a number";
   }
 }
 
@@ -55,8 +61,8 @@ nlohmann::json read_json_object(const std::string& path) {
     using event_t = nlohmann::json::parse_event_t;
     if (event == event_t::object_start) open_objects.emplace_back();
     if (event == event_t::object_end && !open_objects.empty()) open_objects.pop_back();
-    if (event == event_t::key && !open_objects.empty() && !open_objects.back().insert(parsed.get<std::string>()).second &&
-        duplicate.empty())
+    if (event == event_t::key && !open_objects.empty() &&
+        !open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty())
       duplicate = parsed.get<std::string>();
     return true;
   };

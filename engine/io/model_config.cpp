@@ -44,8 +44,8 @@ class config_fields {
   std::optional<std::size_t> count_in(const json& object, const std::string& key, const std::string& label) const {
     const json* value = find(object, key);
     if (value == nullptr) return std::nullopt;
-    if (!value->is_number_integer() || (value->is_number_unsigned() ? value->get<std::uint64_t>() == 0
-                                                                    : value->get<std::int64_t>() < 1))
+    if (!value->is_number_integer() ||
+        (value->is_number_unsigned() ? value->get<std::uint64_t>() == 0 : value->get<std::int64_t>() < 1))
       fail("field " + quote_name(label) + " must be a positive whole number, got " + value->dump());
     return std::size_t(value->get<std::uint64_t>());
   }
@@ -141,8 +141,8 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
            " (its attention rotates whole heads)");
   config.rotary_dim = std::size_t(double(config.head_dim) * partial.value_or(1.0));  // HF: int(head_dim * factor)
   if (config.rotary_dim == 0 || config.rotary_dim % 2 != 0)
-    f.fail("rotary dimension int(head_dim " + number(config.head_dim) + " * partial_rotary_factor) = " +
-           number(config.rotary_dim) + " must be even and positive");
+    f.fail("rotary dimension int(head_dim " + number(config.head_dim) +
+           " * partial_rotary_factor) = " + number(config.rotary_dim) + " must be even and positive");
 
   // Scaling kind.
   std::string kind = "default";
@@ -165,8 +165,8 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
     allowed.insert({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
   } else if (kind == "yarn") {
     s.type = rope_scaling::kind::yarn;
-    allowed.insert({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
-                    "mscale_all_dim", "attention_factor", "truncate"});
+    allowed.insert({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                    "attention_factor", "truncate"});
   } else {
     f.fail("field " + quote_name(label("rope_type")) + " is " + quote_name(kind) +
            ", which kvhead does not implement (it implements default, linear, llama3, yarn)");
@@ -177,7 +177,8 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
 
   auto required = [&](const std::string& key) {
     const std::optional<double> value = f.real_in(r, key, label(key));
-    if (!value) f.fail("field " + quote_name(label(key)) + " is missing (needed by rope type " + quote_name(kind) + ")");
+    if (!value)
+      f.fail("field " + quote_name(label(key)) + " is missing (needed by rope type " + quote_name(kind) + ")");
     return *value;
   };
   const std::optional<std::size_t> max_positions = f.count("max_position_embeddings");

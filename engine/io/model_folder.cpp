@@ -80,7 +80,8 @@ class model_weights {
     }
     for (const std::string& shard : shards) {
       if (!present(folder / shard)) {
-        const auto named = std::find_if(shard_of.begin(), shard_of.end(), [&](const auto& e) { return e.second == shard; });
+        const auto named =
+            std::find_if(shard_of.begin(), shard_of.end(), [&](const auto& e) { return e.second == shard; });
         throw file_error(index_path, "shard " + quote_name(shard) + " (named for tensor " + quote_name(named->first) +
                                          ") does not exist in the folder");
       }
@@ -102,8 +103,7 @@ class model_weights {
 
 class layer_reader {
  public:
-  layer_reader(const model_weights& weights, const model_layer_spec& spec, const std::string& folder,
-               std::size_t layer)
+  layer_reader(const model_weights& weights, const model_layer_spec& spec, const std::string& folder, std::size_t layer)
       : weights_(weights), spec_(spec), folder_(folder), prefix_("model.layers." + number(layer) + ".self_attn.") {}
 
   loaded_layer read() {
@@ -180,7 +180,9 @@ class layer_reader {
   }
 
  private:
-  [[noreturn]] static void fail(const std::string& path, const std::string& problem) { throw file_error(path, problem); }
+  [[noreturn]] static void fail(const std::string& path, const std::string& problem) {
+    throw file_error(path, problem);
+  }
 
   std::vector<float> load(const std::string& suffix) const {
     const std::string name = prefix_ + suffix;
