@@ -1,6 +1,7 @@
 # One golden case end to end (ctest entry golden_<case>, tests/CMakeLists.txt):
 #   kvhead run --weights <case>/weights.safetensors --input <case>/input.npy
 #              --output OUTPUT <flags from <case>/args>
+# or, for a model folder (<case>/config.json), kvhead run --model <case> ...
 # must exit 0 with nothing on stderr, and npy_compare must accept OUTPUT
 # against <case>/expected.npy (relative tolerance 1e-4 of max|expected|).
 #
@@ -16,9 +17,15 @@ file(STRINGS "${CASE_DIR}/args" args_line LIMIT_COUNT 1)
 separate_arguments(args UNIX_COMMAND "${args_line}")
 file(REMOVE "${OUTPUT}")
 
+# A Hugging Face model folder (tests/data/models/<case>: config.json) runs
+# with --model; a weights case (tests/data/golden/<case>) with --weights.
+if(EXISTS "${CASE_DIR}/config.json")
+  set(weights --model "${CASE_DIR}")
+else()
+  set(weights --weights "${CASE_DIR}/weights.safetensors")
+endif()
 execute_process(
-  COMMAND "${KVHEAD}" run --weights "${CASE_DIR}/weights.safetensors" --input "${CASE_DIR}/input.npy"
-          --output "${OUTPUT}" ${args}
+  COMMAND "${KVHEAD}" run ${weights} --input "${CASE_DIR}/input.npy" --output "${OUTPUT}" ${args}
   RESULT_VARIABLE run_result
   OUTPUT_VARIABLE run_stdout
   ERROR_VARIABLE run_stderr)

@@ -74,6 +74,8 @@ std::string decode_help_text(bool full) {
       "usage: kvhead decode --weights W.safetensors --input X.npy --output Y.npy --heads H\n"
       "                     [--chunk N] [--kv-heads G] [--causal] [--rope-theta T] [--prefix P]\n"
       "                     [--scale S] [--threads N]\n"
+      "       kvhead decode --model DIR --layer N --input X.npy --output Y.npy [--chunk N]\n"
+      "                     [--threads N]\n"
       "\n"
       "  --chunk N       tokens per sequence per step, a positive whole number; default 1\n"
       "                  (token by token). Larger than the sequence: one prefill step.\n";

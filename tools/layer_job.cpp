@@ -1,6 +1,7 @@
 #include "tools/layer_job.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <optional>
 #include <system_error>
@@ -10,6 +11,7 @@
 #include <tbb/info.h>
 #include <tbb/task_arena.h>
 
+#include "engine/io/model_folder.hpp"
 #include "engine/io/npy.hpp"
 #include "engine/io/safetensors.hpp"
 #include "kvhead/config.hpp"
@@ -40,13 +42,58 @@ input_dims check_input(const std::string& path, const io::npy_array& input) {
   return dims;
 }
 
+/// --layer: a whole number >= 0 (layer 0 is the first), plain digits.
+std::size_t parse_layer_index(std::string_view text) {
+  std::size_t value = 0;
+  const char* const end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value);
+  if (text.empty() || stop != end || error != std::errc())
+    throw usage_error("--layer needs a whole number >= 0, got " + quote_arg(text));
+  return value;
+}
+
+/// A --model flag that disagrees with config.json: a usage error naming both.
+template <class T>
+void check_flag(const char* flag, const std::optional<T>& given, T actual, const char* field) {
+  if (given && *given != actual)
+    throw usage_error(std::string(flag) + " " + std::to_string(*given) + " contradicts config.json's " + field + " (" +
+                      std::to_string(actual) + ")");
+}
+
+/// Step 4: the layer from --weights and the layer flags, or from --model.
+io::loaded_layer load_layer(const layer_job& job) {
+  if (!job.model) return io::load_attention_layer(io::safetensors_file(job.weights), job.layer);
+  io::model_layer model = io::load_model_layer(*job.model, job.model_layer);
+  const attention_config& config = model.layer.config;
+  check_flag("--heads", job.checks.heads, config.num_heads, "num_attention_heads");
+  check_flag("--kv-heads", job.checks.kv_heads, config.num_kv_heads, "num_key_value_heads");
+  check_flag("--rope-theta", job.checks.rope_theta, config.rope_theta, "rope_theta");
+  check_flag("--scale", job.checks.scale, *config.scale, "attention scale");
+  return std::move(model.layer);
+}
+
 }  // namespace
 
 layer_job parse_layer_job(const parsed_flags& flags) {
   layer_job job;
-  job.weights = flags.required("--weights");
   job.input = flags.required("--input");
   job.output = flags.required("--output");
+  job.threads =
+      flags.count("--threads", max_threads).value_or(std::size_t(std::max(1, tbb::info::default_concurrency())));
+  if (flags.has("--model")) {
+    for (const char* name : {"--weights", "--prefix"})
+      if (flags.has(name)) throw usage_error(std::string(name) + " cannot be given with --model");
+    job.model = flags.required("--model");
+    const std::optional<std::string> layer = flags.value("--layer");
+    if (!layer) throw usage_error("missing required flag --layer (with --model)");
+    job.model_layer = parse_layer_index(*layer);
+    job.checks = {flags.count("--heads", max_heads), flags.count("--kv-heads", max_heads),
+                  flags.non_negative_double("--rope-theta"), flags.finite_float("--scale")};
+    job.layer.causal = true;
+    return job;
+  }
+  if (flags.has("--layer")) throw usage_error("--layer needs --model");
+  job.weights = flags.required("--weights");
   const std::optional<std::size_t> heads = flags.count("--heads", max_heads);
   if (!heads) throw usage_error("missing required flag --heads");
   job.layer.num_heads = *heads;
@@ -55,8 +102,6 @@ layer_job parse_layer_job(const parsed_flags& flags) {
   job.layer.rope_theta = flags.non_negative_double("--rope-theta").value_or(0.0);
   job.layer.prefix = flags.value("--prefix").value_or("");
   job.layer.scale = flags.finite_float("--scale");
-  job.threads =
-      flags.count("--threads", max_threads).value_or(std::size_t(std::max(1, tbb::info::default_concurrency())));
   return job;
 }
 
@@ -90,15 +135,15 @@ int run_layer_job(const layer_job& job, const layer_forward& forward) {
     std::optional<attention_layer> layer;
     input_dims dims{};
     {
-      const io::safetensors_file file(job.weights);
-      const io::loaded_layer loaded = io::load_attention_layer(file, job.layer);
+      const io::loaded_layer loaded = load_layer(job);
       // 5. Input.
       input = io::read_npy(job.input);
       dims = check_input(job.input, input);
       if (dims.d_model != loaded.config.d_model)
         throw io::file_error(job.input, "d_model " + std::to_string(dims.d_model) +
                                             " (last axis) does not match the weights' d_model " +
-                                            std::to_string(loaded.config.d_model) + " (" + job.weights + ")");
+                                            std::to_string(loaded.config.d_model) + " (" +
+                                            (job.model ? *job.model + "/config.json hidden_size" : job.weights) + ")");
       // 6. The layer copies the weights; the loaded arrays go out of scope.
       layer.emplace(loaded.build());
     }
@@ -117,10 +162,22 @@ std::string layer_job_help(const char* causal_line) {
       "                  <P>k_proj.weight and <P>v_proj.weight [G*d, d_model], <P>o_proj.weight\n"
       "                  [d_model, H*d], and optionally <P>{q,k,v,o}_proj.bias (nn.Linear layout).\n"
       "                  head_dim d = rows of q_proj / H.\n"
-      "  --input X       float32 .npy, [batch, seq, d_model] or [seq, d_model] (batch 1).\n"
+      "  --model DIR     instead of --weights and the layer flags: a Hugging Face model folder\n"
+      "                  (config.json, model.safetensors or model.safetensors.index.json and its\n"
+      "                  shards) of model_type llama, mistral, qwen2, qwen3, phi3 or gemma2; the\n"
+      "                  layer is model.layers.N.self_attn.*, causal, every sequence from position\n"
+      "                  0, with the family's RoPE scaling, partial rotary, QK-norm, biases and\n"
+      "                  scale from config.json. --heads, --kv-heads, --rope-theta and --scale may\n"
+      "                  still be given but must agree with it (else exit 2); --weights and\n"
+      "                  --prefix may not. What kvhead does not implement (sliding-window layers,\n"
+      "                  soft-capping, sinks, rope types dynamic/longrope, ...) is error 1.\n"
+      "  --layer N       with --model: the layer index, 0 to num_hidden_layers - 1.\n"
+      "  --input X       float32 .npy, [batch, seq, d_model] or [seq, d_model] (batch 1); with\n"
+      "                  --model the attention block's input (after the input norm), d_model =\n"
+      "                  hidden_size; the output is after o_proj, before the residual add.\n"
       "  --output Y      float32 .npy written with the input's shape (an existing file is\n"
       "                  replaced atomically; on any error it is left untouched).\n"
-      "  --heads H       number of query heads (required).\n"
+      "  --heads H       number of query heads (required without --model).\n"
       "  --kv-heads G    number of key/value heads; default rows of k_proj / d. Must match the\n"
       "                  file and divide H (G = H: MHA, G = 1: MQA).\n";
   text += causal_line;

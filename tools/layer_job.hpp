@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -24,13 +25,25 @@ namespace kvhead::tools {
 
 /// The flags of `kvhead run`; `kvhead decode` adds --chunk.
 inline constexpr flag_spec layer_job_flags[] = {
-    {"--weights", true}, {"--input", true},      {"--output", true}, {"--heads", true}, {"--kv-heads", true},
-    {"--causal", false}, {"--rope-theta", true}, {"--prefix", true}, {"--scale", true}, {"--threads", true},
+    {"--weights", true},  {"--input", true},   {"--output", true},     {"--heads", true},
+    {"--kv-heads", true}, {"--causal", false}, {"--rope-theta", true}, {"--prefix", true},
+    {"--scale", true},    {"--threads", true}, {"--model", true},      {"--layer", true},
+};
+
+/// With --model: the layer flags that were also given, each checked against
+/// config.json (a contradiction is a usage error).
+struct model_flag_checks {
+  std::optional<std::size_t> heads, kv_heads;
+  std::optional<double> rope_theta;
+  std::optional<float> scale;
 };
 
 struct layer_job {
   std::string weights, input, output;
   io::layer_load_options layer;
+  std::optional<std::string> model;  // a Hugging Face folder instead of --weights
+  std::size_t model_layer = 0;       // --layer
+  model_flag_checks checks;
   std::size_t threads = 1;
 };
 

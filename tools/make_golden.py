@@ -55,6 +55,11 @@ float32, then upcast to float64), and the result is stored as float32.
 Random weights and biases are drawn from N(0, std = 1/sqrt(d_model)), inputs
 from N(0, 1), so outputs are O(1).
 
+Then tools/make_model_goldens.py writes tests/data/models/: tiny Hugging Face
+model folders (Llama 3, Qwen 2.5, Qwen 3, Mistral, Phi-3, Gemma 2; RoPE
+scaling llama3, yarn and linear; F32, F16, BF16; one sharded) with the
+expected output of one layer's attention block (its docstring lists them).
+
 At the end the script self-checks: every safetensors file is re-read with a
 small independent parser and compared bit-for-bit with the intended tensors,
 case 1's manual formula is compared with nn.MultiheadAttention, and for the
@@ -414,7 +419,9 @@ def main():
 
     total = sum(p.stat().st_size for p in GOLDEN_DIR.rglob("*") if p.is_file())
     print(f"all {len(CASES)} cases ok; {GOLDEN_DIR.relative_to(REPO_ROOT)} holds {total} bytes")
-    return 0
+    # Hugging Face model folders (tests/data/models), from each family's formulas.
+    import make_model_goldens
+    return make_model_goldens.main()
 
 
 if __name__ == "__main__":

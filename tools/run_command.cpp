@@ -17,6 +17,7 @@ std::string run_help_text() {
              "usage: kvhead run --weights W.safetensors --input X.npy --output Y.npy --heads H\n"
              "                  [--kv-heads G] [--causal] [--rope-theta T] [--prefix P] [--scale S]\n"
              "                  [--threads N]\n"
+             "       kvhead run --model DIR --layer N --input X.npy --output Y.npy [--threads N]\n"
              "\n") +
          layer_job_help("  --causal        token i attends to tokens 0..i only (switch, no value).\n");
 }

@@ -14,6 +14,7 @@
 #include "engine/arch/scratch.hpp"
 #include "engine/attention/flash_attention.hpp"
 #include "engine/attention/layer_impl.hpp"
+#include "engine/attention/rope_scaling.hpp"
 #include "engine/gemm/gemm.hpp"
 #include "engine/scheduler/arena.hpp"
 #include "kvhead/attention.hpp"
@@ -179,9 +180,20 @@ attention_config validated(attention_config config) {
   engine::require(config.d_model > 0, [&] { return std::string("attention_layer: d_model must be positive"); });
   engine::require(std::isfinite(config.rope_theta) && config.rope_theta >= 0.0,
                   [&] { return std::string("attention_layer: rope_theta must be 0 (no RoPE) or positive"); });
-  engine::require(config.rope_theta == 0.0 || config.head_dim % 2 == 0, [&] {
-    return "attention_layer: RoPE needs an even head_dim, got " + std::to_string(config.head_dim);
+  if (config.rotary_dim == 0) config.rotary_dim = config.head_dim;
+  engine::require(config.rotary_dim <= config.head_dim, [&] {
+    return "attention_layer: rotary_dim (" + std::to_string(config.rotary_dim) + ") exceeds head_dim (" +
+           std::to_string(config.head_dim) + ")";
   });
+  engine::require(config.rope_theta == 0.0 || config.rotary_dim % 2 == 0, [&] {
+    return config.rotary_dim == config.head_dim
+               ? "attention_layer: RoPE needs an even head_dim, got " + std::to_string(config.head_dim)
+               : "attention_layer: RoPE needs an even rotary_dim, got " + std::to_string(config.rotary_dim);
+  });
+  const std::string rope_problem = engine::rope_scaling_problem(config.rope_scaling);
+  engine::require(rope_problem.empty(), [&] { return "attention_layer: " + rope_problem; });
+  engine::require(!config.qk_norm_eps || (std::isfinite(*config.qk_norm_eps) && *config.qk_norm_eps >= 0.0f),
+                  [&] { return std::string("attention_layer: qk_norm_eps must be finite and >= 0"); });
   const std::optional<std::size_t> qkv_width =
       engine::checked_product({config.num_heads + 2 * config.num_kv_heads, config.head_dim});
   engine::require(config.num_heads <= SIZE_MAX / 4 && qkv_width && engine::checked_product({*qkv_width, config.d_model}),
@@ -193,6 +205,12 @@ attention_config validated(attention_config config) {
                   });
   config.scale = resolve_scale(config.scale, config.head_dim);
   return config;
+}
+
+std::optional<engine::qk_norm> make_qk_norm(const attention_config& config, const attention_weights& weights) {
+  if (!config.qk_norm_eps) return std::nullopt;
+  const float* q_norm = non_null("q_norm", weights.q_norm);  // q checked first
+  return engine::qk_norm(config.head_dim, *config.qk_norm_eps, q_norm, non_null("k_norm", weights.k_norm));
 }
 
 }  // namespace
@@ -250,7 +268,8 @@ attention_layer::impl::impl(const attention_config& checked, const attention_wei
                                  {"k_proj", weights.k_proj, checked.num_kv_heads * checked.head_dim},
                                  {"v_proj", weights.v_proj, checked.num_kv_heads * checked.head_dim}}),
       o_proj(checked.num_heads * checked.head_dim, {{"o_proj", weights.o_proj, checked.d_model}}),
-      rotary(checked.head_dim, checked.rope_theta) {}
+      rotary(checked.head_dim, checked.rotary_dim, checked.rope_theta, checked.rope_scaling),
+      norm(make_qk_norm(checked, weights)) {}
 
 std::size_t attention_layer::impl::qkv_width() const {
   return (config.num_heads + 2 * config.num_kv_heads) * config.head_dim;
@@ -258,6 +277,7 @@ std::size_t attention_layer::impl::qkv_width() const {
 
 void attention_layer::impl::project(const float* x, std::size_t rows, const std::size_t* positions, float* qkv) const {
   qkv_proj.apply(x, rows, qkv);
+  if (norm) norm->apply(qkv, rows, qkv_width(), config.num_heads, config.num_kv_heads);
   rotary.apply(qkv, rows, qkv_width(), config.num_heads + config.num_kv_heads, positions);
 }
 

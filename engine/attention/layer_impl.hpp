@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <initializer_list>
+#include <optional>
 #include <vector>
 
+#include "engine/attention/qk_norm.hpp"
 #include "engine/attention/rope.hpp"
 #include "engine/gemm/gemm.hpp"
 #include "kvhead/attention.hpp"
@@ -45,6 +47,7 @@ struct attention_layer::impl {
   engine::linear qkv_proj;  // [Wq; Wk; Wv]
   engine::linear o_proj;
   engine::rope rotary;
+  std::optional<engine::qk_norm> norm;  // QK-norm, when configured
 
   impl(const attention_config& checked, const attention_weights& weights);
 
@@ -53,7 +56,8 @@ struct attention_layer::impl {
 
   /// qkv [rows, (H + 2G) d] from x [rows, d_model]: per row the H query
   /// heads, then the G key heads, then the G value heads, d floats each; then
-  /// RoPE on the query and key heads, row r at absolute position positions[r].
+  /// QK-norm (when configured) and RoPE on the query and key heads, row r at
+  /// absolute position positions[r].
   void project(const float* x, std::size_t rows, const std::size_t* positions, float* qkv) const;
 };
 

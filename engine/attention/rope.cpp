@@ -1,5 +1,7 @@
 #include "engine/attention/rope.hpp"
 
+#include "engine/attention/rope_scaling.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -16,14 +18,15 @@ namespace kvhead::engine {
 
 namespace {
 
-// cos and sin of positions [0, positions) for one (head_dim, theta): position
-// p's cos[0, d/2) then sin[0, d/2) at cos_sin + p * d. Immutable once published.
+// cos and sin of positions [0, positions) for one set of frequencies over
+// rotary_dim r: position p's cos[0, r/2) then sin[0, r/2) at cos_sin + p * r.
+// Immutable once published.
 struct rope_table {
   std::size_t positions = 0;
   std::vector<float> cos_sin;
 };
 
-// The most positions a table holds: 2^17 (64 MiB at head_dim 128). Rows at
+// The most positions a table holds: 2^17 (64 MiB at rotary_dim 128). Rows at
 // later positions compute their cos and sin on the spot, with the same
 // arithmetic (rope_table_source::angles), so a position's bits never depend
 // on whether the table covered it, and a position near SIZE_MAX allocates
@@ -41,7 +44,7 @@ std::size_t grown_positions(std::size_t positions) {
 
 }  // namespace
 
-// The table of one (head_dim, theta). Readers copy the current snapshot under
+// The table of one set of frequencies. Readers copy the current snapshot under
 // the mutex (a reference count, no allocation) and use it unlocked; a reader
 // that needs more positions builds a larger table outside the lock — the build
 // runs in parallel, and a thread waiting there may steal a task that asks for
@@ -49,19 +52,19 @@ std::size_t grown_positions(std::size_t positions) {
 // while anyone holds them.
 class rope_table_source {
  public:
-  rope_table_source(std::size_t head_dim, double theta) : head_dim_(head_dim) {
-    for (std::size_t i = 0; i < head_dim / 2; ++i)
-      inv_freq_.push_back(std::pow(theta, -2.0 * double(i) / double(head_dim)));
-  }
+  explicit rope_table_source(const rope_frequencies& frequencies)
+      : rotary_dim_(2 * frequencies.inv_freq.size()),
+        inv_freq_(frequencies.inv_freq),
+        attention_factor_(frequencies.attention_factor) {}
 
   /// cos and sin of pairs [first, first + count) of position `position`,
   /// into cos[0, count) and sin[0, count): angle = position * inv_freq_i in
-  /// double, cos and sin rounded to float.
+  /// double, cos and sin times the attention factor, rounded to float.
   void angles(std::size_t position, std::size_t first, std::size_t count, float* cos, float* sin) const {
     for (std::size_t i = 0; i < count; ++i) {
       const double angle = double(position) * inv_freq_[first + i];
-      cos[i] = float(std::cos(angle));
-      sin[i] = float(std::sin(angle));
+      cos[i] = float(std::cos(angle) * attention_factor_);
+      sin[i] = float(std::sin(angle) * attention_factor_);
     }
   }
 
@@ -85,49 +88,56 @@ class rope_table_source {
   std::shared_ptr<const rope_table> grow(const rope_table* old, std::size_t positions) const {
     auto table = std::make_shared<rope_table>();
     table->positions = positions;
-    table->cos_sin.resize(positions * head_dim_);
+    table->cos_sin.resize(positions * rotary_dim_);
     const std::size_t kept = old != nullptr ? old->positions : 0;
     if (old != nullptr) std::copy(old->cos_sin.begin(), old->cos_sin.end(), table->cos_sin.begin());
     tbb::parallel_for(tbb::blocked_range<std::size_t>(kept, positions, 256),
                       [&](const tbb::blocked_range<std::size_t>& range) {
                         for (std::size_t position = range.begin(); position != range.end(); ++position) {
-                          float* cos = table->cos_sin.data() + position * head_dim_;
+                          float* cos = table->cos_sin.data() + position * rotary_dim_;
                           angles(position, 0, inv_freq_.size(), cos, cos + inv_freq_.size());
                         }
                       });
     return table;
   }
 
-  std::size_t head_dim_;
-  std::vector<double> inv_freq_;  // theta^(-2i/d), i < d/2
+  std::size_t rotary_dim_;
+  std::vector<double> inv_freq_;  // [rotary_dim / 2]
+  double attention_factor_;
   std::mutex mutex_;
   std::shared_ptr<const rope_table> current_;  // null until first asked
 };
 
 namespace {
 
-// The process-wide registry: one table source per (head_dim, theta), never
-// removed (a layer keeps a plain pointer to its source).
-rope_table_source* shared_table(std::size_t head_dim, double theta) {
+// The process-wide registry: one table source per (inverse frequencies,
+// attention factor), never removed (a layer keeps a plain pointer to its
+// source). Equal frequencies give equal tables, whatever theta and scaling
+// produced them.
+rope_table_source* shared_table(const rope_frequencies& frequencies) {
   static std::mutex mutex;
-  static std::map<std::pair<std::size_t, double>, std::unique_ptr<rope_table_source>> sources;
+  static std::map<std::pair<std::vector<double>, double>, std::unique_ptr<rope_table_source>> sources;
   const std::lock_guard lock(mutex);
-  std::unique_ptr<rope_table_source>& source = sources[{head_dim, theta}];
-  if (source == nullptr) source = std::make_unique<rope_table_source>(head_dim, theta);
+  std::unique_ptr<rope_table_source>& source = sources[{frequencies.inv_freq, frequencies.attention_factor}];
+  if (source == nullptr) source = std::make_unique<rope_table_source>(frequencies);
   return source.get();
 }
 
 }  // namespace
 
-rope::rope(std::size_t head_dim, double theta)
-    : head_dim_(head_dim), table_(theta == 0.0 ? nullptr : shared_table(head_dim, theta)) {}
+rope::rope(std::size_t head_dim, double theta) : rope(head_dim, head_dim, theta, rope_scaling{}) {}
+
+rope::rope(std::size_t head_dim, std::size_t rotary_dim, double theta, const rope_scaling& scaling)
+    : head_dim_(head_dim),
+      rotary_dim_(rotary_dim),
+      table_(theta == 0.0 ? nullptr : shared_table(scaled_rope_frequencies(theta, rotary_dim, scaling))) {}
 
 void rope::apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t heads,
                  const std::size_t* positions) const {
   if (table_ == nullptr || rows == 0) return;
   const std::size_t last = *std::max_element(positions, positions + rows);
   const std::shared_ptr<const rope_table> table = table_->covering(std::min(last, table_limit - 1) + 1);
-  const std::size_t half = head_dim_ / 2;
+  const std::size_t half = rotary_dim_ / 2;
   // Pairs [first, first + count) of every head of `row`, with their cos and sin.
   auto rotate_pairs = [&](std::size_t row, std::size_t first, std::size_t count, const float* cos, const float* sin) {
     for (std::size_t head = 0; head < heads; ++head) {
@@ -142,7 +152,7 @@ void rope::apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t
   auto rotate = [&](std::size_t row_begin, std::size_t row_end) {
     for (std::size_t row = row_begin; row < row_end; ++row) {
       if (positions[row] < table->positions) {
-        const float* cos = table->cos_sin.data() + positions[row] * head_dim_;
+        const float* cos = table->cos_sin.data() + positions[row] * rotary_dim_;
         rotate_pairs(row, 0, half, cos, cos + half);
         continue;
       }

@@ -1,30 +1,40 @@
-// Rotary position embedding, Hugging Face Llama convention (rotate_half):
-// for i < d/2, with angle = position * theta^(-2i/d),
-//   x'[i]       = x[i] * cos - x[i + d/2] * sin
-//   x'[i + d/2] = x[i + d/2] * cos + x[i] * sin
-// cos and sin are computed in double and rounded to float; the rotation is
-// then done in float (products rounded, then the sum: no FMA), so a row's
-// result depends only on its values and its position.
+// Rotary position embedding, Hugging Face Llama convention (rotate_half) on
+// the first r = rotary_dim floats of each head (r = head_dim unless partial
+// rotary): for i < r/2, with angle = position * inv_freq_i,
+//   x'[i]       = x[i] * cos - x[i + r/2] * sin
+//   x'[i + r/2] = x[i + r/2] * cos + x[i] * sin
+// and x[r, head_dim) unchanged. inv_freq_i = theta^(-2i/r), scaled per
+// rope_scaling (engine/attention/rope_scaling.hpp). cos and sin are computed
+// in double (times yarn's attention factor, 1 otherwise: an exact no-op) and
+// rounded to float; the rotation is then done in float (products rounded,
+// then the sum: no FMA), so a row's result depends only on its values and its
+// position.
 //
-// The cos and sin of every position come from one table per (head_dim,
-// theta), shared by every layer and every call of the process (rope.cpp):
+// The cos and sin of every position come from one table per (rotary_dim,
+// inverse frequencies, attention factor), shared by every layer and every call
+// of the process (rope.cpp):
 // computed once, as above, and grown geometrically when a larger position is
 // asked for, so a growing sequence regrows it O(log n) times and steady-state
 // calls allocate nothing. The table stops at 2^17 positions (64 MiB at
-// head_dim 128); a row at a later position computes its cos and sin on the
+// rotary_dim 128); a row at a later position computes its cos and sin on the
 // spot, with the same arithmetic and so the same bits, allocating nothing.
 #pragma once
 
 #include <cstddef>
 
+#include "kvhead/attention.hpp"
+
 namespace kvhead::engine {
 
-class rope_table_source;  // the shared table of one (head_dim, theta), in rope.cpp
+class rope_table_source;  // the shared table of one set of frequencies, in rope.cpp
 
 class rope {
  public:
-  /// theta = 0: no rotation.
+  /// theta = 0: no rotation. Plain RoPE over the whole head.
   rope(std::size_t head_dim, double theta);
+  /// rotary_dim: even, in [2, head_dim]; `scaling` checked by the caller
+  /// (rope_scaling_problem).
+  rope(std::size_t head_dim, std::size_t rotary_dim, double theta, const rope_scaling& scaling);
 
   /// Rotates, in each of `rows` rows, `heads` consecutive heads of head_dim
   /// floats: row r starts at x + r * row_stride and is at absolute position
@@ -34,6 +44,7 @@ class rope {
 
  private:
   std::size_t head_dim_;
+  std::size_t rotary_dim_;
   rope_table_source* table_;  // null: no rotation; owned by the process-wide registry
 };
 

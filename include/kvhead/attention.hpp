@@ -113,6 +113,39 @@ KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_te
                                              head_tensor<const float> k, head_tensor<const float> v,
                                              head_tensor<float> out, const attention_options& options = {});
 
+/// How RoPE's inverse frequencies and cos/sin are scaled, as Hugging Face's
+/// modeling_rope_utils computes them (rope_type in config.json's
+/// rope_scaling / rope_parameters). With r = rotary_dim and i < r/2, the
+/// unscaled inv_freq_i = theta^(-2i/r); angle = position * inv_freq_i.
+///   none    inv_freq as above, cos and sin unscaled ("default").
+///   linear  inv_freq_i / factor (positions divided by factor).
+///   llama3  wavelen_i = 2 pi / inv_freq_i, with L = original_max_position_embeddings:
+///           wavelen_i > L / low_freq_factor: inv_freq_i / factor;
+///           wavelen_i < L / high_freq_factor: unchanged; in between
+///           (1 - s) inv_freq_i / factor + s inv_freq_i with
+///           s = (L / wavelen_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
+///   yarn    HF _compute_yarn_parameters: the correction range [low, high] of
+///           beta_fast and beta_slow rotations over L (floored / ceiled when
+///           truncate, clamped to [0, r - 1]), a linear ramp over i between
+///           them mixing inv_freq_i / factor (ramp 1) and inv_freq_i (ramp 0);
+///           cos and sin multiplied by attention_factor, which defaults to
+///           mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both
+///           are non-zero, else mscale(factor, 1), where
+///           mscale(s, m) = 1 for s <= 1, else 0.1 m ln(s) + 1.
+/// Defaults are those of HF; every number must be finite, factor > 0 (>= 1
+/// for llama3), and the original length > 0 for llama3 and yarn.
+struct rope_scaling {
+  enum class kind { none, linear, llama3, yarn };
+  kind type = kind::none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3; high > low
+  double original_max_position_embeddings = 0.0;         // llama3, yarn
+  double beta_fast = 32.0, beta_slow = 1.0;              // yarn
+  std::optional<double> attention_factor;                // yarn; unset: from mscale
+  double mscale = 0.0, mscale_all_dim = 0.0;             // yarn; 0: unset
+  bool truncate = true;                                  // yarn
+};
+
 struct attention_config {
   std::size_t num_heads = 0;     // H
   std::size_t num_kv_heads = 0;  // G; 0 means H (MHA)
@@ -120,7 +153,17 @@ struct attention_config {
   std::size_t d_model = 0;       // need not equal H * d
   std::optional<float> scale;    // default 1 / sqrt(d)
   bool causal = false;
-  double rope_theta = 0.0;  // 0: no RoPE; else needs an even head_dim
+  double rope_theta = 0.0;  // 0: no RoPE; else needs an even rotary_dim
+  /// RoPE scaling (ignored without RoPE); default none: plain RoPE.
+  kvhead::rope_scaling rope_scaling{};
+  /// Floats of each head that RoPE rotates: the first rotary_dim, pairs
+  /// (i, i + rotary_dim/2); the rest pass through (HF partial_rotary_factor).
+  /// 0 (the default): head_dim. Else even and <= head_dim.
+  std::size_t rotary_dim = 0;
+  /// Set: QK-norm (Qwen 3), each query and key head RMS-normalized over its d
+  /// floats before RoPE, x_e * w_e / sqrt(mean(x^2) + eps), with the weights
+  /// attention_weights::q_norm and k_norm. Unset (the default): none.
+  std::optional<float> qk_norm_eps{};
 };
 
 /// One nn.Linear: weight [out_features, in_features] row-major, y = x Wᵀ + b.
@@ -130,9 +173,12 @@ struct linear_weights {
   const float* bias = nullptr;
 };
 
-/// q_proj [H d, d_model], k_proj and v_proj [G d, d_model], o_proj [d_model, H d].
+/// q_proj [H d, d_model], k_proj and v_proj [G d, d_model], o_proj [d_model, H d];
+/// q_norm and k_norm [d] each, required with qk_norm_eps and ignored without.
 struct attention_weights {
   linear_weights q_proj, k_proj, v_proj, o_proj;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
 };
 
 /// One sequence's share of a batched forward over a KV cache: its `tokens`
@@ -145,10 +191,12 @@ struct sequence_tokens {
 /// One attention layer. The constructor validates the configuration, copies
 /// and packs the weights (the caller's arrays may be freed afterwards).
 ///
-/// RoPE follows Hugging Face Llama: rotate_half (pairs (i, i + d/2)),
-/// inv_freq_i = theta^(-2i/d), angle = position * inv_freq_i, cos and sin
-/// computed in double and rounded to float; positions are absolute, 0 for
-/// the first token of each sequence. With H = G, no RoPE and no mask the
+/// RoPE follows Hugging Face Llama: rotate_half (pairs (i, i + r/2) of the
+/// first r = rotary_dim floats of each head), inv_freq_i = theta^(-2i/r)
+/// scaled as rope_scaling says, angle = position * inv_freq_i, cos and sin
+/// computed in double (times the attention factor of yarn) and rounded to
+/// float; positions are absolute, 0 for the first token of each sequence.
+/// QK-norm, when configured, comes before RoPE. With H = G, no RoPE and no mask the
 /// result equals torch.nn.MultiheadAttention with in_proj = [Wq; Wk; Wv].
 class KVHEAD_API attention_layer {
  public:

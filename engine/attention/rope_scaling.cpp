@@ -1,0 +1,106 @@
+#include "engine/attention/rope_scaling.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace kvhead::engine {
+
+namespace {
+
+// HF's yarn get_mscale: 1 for scale <= 1, else 0.1 m ln(scale) + 1.
+double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+
+// The pair index at which `rotations` full turns fit in `length` positions
+// (HF find_correction_dim), for rotary_dim r and base theta.
+double correction_dim(double rotations, double r, double theta, double length) {
+  return r * std::log(length / (rotations * 2.0 * std::numbers::pi)) / (2.0 * std::log(theta));
+}
+
+void scale_llama3(std::vector<double>& inv_freq, const rope_scaling& s) {
+  const double low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+  const double high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+  for (double& f : inv_freq) {
+    const double wavelen = 2.0 * std::numbers::pi / f;
+    if (wavelen > low_freq_wavelen) {
+      f /= s.factor;
+    } else if (wavelen >= high_freq_wavelen) {
+      const double smooth =
+          (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      f = (1.0 - smooth) * f / s.factor + smooth * f;
+    }
+  }
+}
+
+void scale_yarn(std::vector<double>& inv_freq, double theta, std::size_t rotary_dim, const rope_scaling& s) {
+  const double r = double(rotary_dim);
+  double low = correction_dim(s.beta_fast, r, theta, s.original_max_position_embeddings);
+  double high = correction_dim(s.beta_slow, r, theta, s.original_max_position_embeddings);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, r - 1.0);
+  if (low == high) high += 0.001;  // HF: prevents a division by zero
+  for (std::size_t i = 0; i < inv_freq.size(); ++i) {
+    // ramp 0 keeps the frequency (extrapolation), ramp 1 divides it by factor.
+    const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+    const double extrapolation = 1.0 - ramp;
+    inv_freq[i] = inv_freq[i] / s.factor * (1.0 - extrapolation) + inv_freq[i] * extrapolation;
+  }
+}
+
+double yarn_attention_factor(const rope_scaling& s) {
+  if (s.attention_factor) return *s.attention_factor;
+  if (s.mscale != 0.0 && s.mscale_all_dim != 0.0)
+    return yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim);
+  return yarn_mscale(s.factor, 1.0);
+}
+
+}  // namespace
+
+rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, const rope_scaling& scaling) {
+  rope_frequencies result;
+  for (std::size_t i = 0; i < rotary_dim / 2; ++i)
+    result.inv_freq.push_back(std::pow(theta, -2.0 * double(i) / double(rotary_dim)));
+  switch (scaling.type) {
+    case rope_scaling::kind::none:
+      break;
+    case rope_scaling::kind::linear:
+      for (double& f : result.inv_freq) f /= scaling.factor;
+      break;
+    case rope_scaling::kind::llama3:
+      scale_llama3(result.inv_freq, scaling);
+      break;
+    case rope_scaling::kind::yarn:
+      scale_yarn(result.inv_freq, theta, rotary_dim, scaling);
+      result.attention_factor = yarn_attention_factor(scaling);
+      break;
+  }
+  return result;
+}
+
+std::string rope_scaling_problem(const rope_scaling& s) {
+  using kind = rope_scaling::kind;
+  if (s.type == kind::none) return "";
+  for (const double value : {s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings,
+                             s.beta_fast, s.beta_slow, s.mscale, s.mscale_all_dim})
+    if (!std::isfinite(value)) return "rope_scaling numbers must be finite";
+  if (!(s.factor > 0.0)) return "rope_scaling factor must be positive, got " + std::to_string(s.factor);
+  if (s.type == kind::llama3) {
+    if (s.factor < 1.0) return "llama3 rope_scaling factor must be >= 1, got " + std::to_string(s.factor);
+    if (!(s.low_freq_factor > 0.0 && s.high_freq_factor > s.low_freq_factor))
+      return "llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor";
+  }
+  if ((s.type == kind::llama3 || s.type == kind::yarn) && !(s.original_max_position_embeddings > 0.0))
+    return "rope_scaling original_max_position_embeddings must be positive";
+  if (s.type == kind::yarn) {
+    if (!(s.beta_fast > 0.0 && s.beta_slow > 0.0)) return "yarn rope_scaling beta_fast and beta_slow must be positive";
+    if (s.attention_factor && !(std::isfinite(*s.attention_factor) && *s.attention_factor > 0.0))
+      return "yarn rope_scaling attention_factor must be positive and finite";
+  }
+  return "";
+}
+
+}  // namespace kvhead::engine

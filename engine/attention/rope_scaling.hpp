@@ -1,0 +1,28 @@
+// RoPE's inverse frequencies and cos/sin factor for each rope_scaling kind
+// (include/kvhead/attention.hpp documents the formulas, after Hugging Face's
+// modeling_rope_utils), computed in double.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "kvhead/attention.hpp"
+
+namespace kvhead::engine {
+
+struct rope_frequencies {
+  std::vector<double> inv_freq;   // [rotary_dim / 2]
+  double attention_factor = 1.0;  // multiplies cos and sin (yarn)
+};
+
+/// The frequencies of RoPE with base theta (> 0) over rotary_dim (even, > 0)
+/// floats; `scaling` must have passed check_rope_scaling. For kind none,
+/// inv_freq_i = pow(theta, -2i / rotary_dim) exactly.
+rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, const rope_scaling& scaling);
+
+/// The first problem of `scaling` (a non-finite number, factor <= 0, ...),
+/// or an empty string when there is none.
+std::string rope_scaling_problem(const rope_scaling& scaling);
+
+}  // namespace kvhead::engine

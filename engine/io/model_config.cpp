@@ -1,0 +1,296 @@
+// config.json to model_layer_spec: 1. model_type, 2. shapes, 3. layer kind
+// (sliding or full), 4. unsupported variants, 5. RoPE, 6. scale, biases,
+// QK-norm.
+#include "engine/io/model_config.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "engine/io/file_error.hpp"
+#include "engine/io/json_file.hpp"
+
+namespace kvhead::io {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string number(std::size_t value) { return std::to_string(value); }
+
+/// Typed reads of config.json fields: absent and null are "not given".
+class config_fields {
+ public:
+  config_fields(const std::string& path, const json& object) : path_(path), object_(object) {}
+
+  [[noreturn]] void fail(const std::string& problem) const { throw file_error(path_, problem); }
+
+  const json* find(const json& object, const std::string& key) const {
+    const auto found = object.find(key);
+    return found == object.end() || found->is_null() ? nullptr : &*found;
+  }
+  bool given(const std::string& key) const { return find(object_, key) != nullptr; }
+
+  std::optional<std::string> text(const std::string& key) const {
+    const json* value = find(object_, key);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_string()) fail("field " + quote_name(key) + " must be a string, got " + json_type_name(*value));
+    return value->get<std::string>();
+  }
+  /// A whole number >= 1.
+  std::optional<std::size_t> count(const std::string& key) const { return count_in(object_, key, key); }
+  std::optional<std::size_t> count_in(const json& object, const std::string& key, const std::string& label) const {
+    const json* value = find(object, key);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_number_integer() ||
+        (value->is_number_unsigned() ? value->get<std::uint64_t>() == 0 : value->get<std::int64_t>() < 1))
+      fail("field " + quote_name(label) + " must be a positive whole number, got " + value->dump());
+    return std::size_t(value->get<std::uint64_t>());
+  }
+  std::optional<double> real(const std::string& key) const { return real_in(object_, key, key); }
+  std::optional<double> real_in(const json& object, const std::string& key, const std::string& label) const {
+    const json* value = find(object, key);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_number() || !std::isfinite(value->get<double>()))
+      fail("field " + quote_name(label) + " must be a finite number, got " + value->dump());
+    return value->get<double>();
+  }
+  std::optional<bool> flag(const std::string& key) const { return flag_in(object_, key, key); }
+  std::optional<bool> flag_in(const json& object, const std::string& key, const std::string& label) const {
+    const json* value = find(object, key);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_boolean()) fail("field " + quote_name(label) + " must be true or false, got " + value->dump());
+    return value->get<bool>();
+  }
+  std::size_t required_count(const std::string& key) const {
+    const std::optional<std::size_t> value = count(key);
+    if (!value) fail("field " + quote_name(key) + " is missing");
+    return *value;
+  }
+  const json& object() const { return object_; }
+
+ private:
+  const std::string& path_;
+  const json& object_;
+};
+
+const std::set<std::string>& supported_types() {
+  static const std::set<std::string> types = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"};
+  return types;
+}
+
+std::string supported_list() {
+  std::string list;
+  for (const std::string& type : supported_types()) list += (list.empty() ? "" : ", ") + type;
+  return list;
+}
+
+// 3. Whether layer `layer` is a sliding-window layer, by layer_types when
+// given, else by the family's rule.
+bool is_sliding_layer(const config_fields& f, const std::string& type, std::size_t layer, std::size_t layers) {
+  if (const json* types = f.find(f.object(), "layer_types")) {
+    if (!types->is_array() || types->size() != layers)
+      f.fail("field 'layer_types' must be an array of num_hidden_layers (" + number(layers) + ") strings");
+    const json& entry = (*types)[layer];
+    const std::string kind = entry.is_string() ? entry.get<std::string>() : entry.dump();
+    if (kind == "sliding_attention") return true;
+    if (kind == "full_attention") return false;
+    f.fail("field 'layer_types' entry " + number(layer) + " is " + quote_name(kind) +
+           "; kvhead knows 'full_attention' (and 'sliding_attention', not implemented yet)");
+  }
+  if (type == "gemma2") return layer % 2 == 0;  // HF Gemma 2: even layers slide
+  if (type == "qwen2" || type == "qwen3") {
+    // HF Qwen 2/3: sliding only with use_sliding_window, from max_window_layers on.
+    const bool use = f.flag("use_sliding_window").value_or(false);
+    const std::size_t first_sliding = f.count("max_window_layers").value_or(28);
+    return use && f.given("sliding_window") && layer >= first_sliding;
+  }
+  if (type == "mistral") return !f.object().contains("sliding_window") || f.given("sliding_window");  // default 4096
+  if (type == "phi3") return f.given("sliding_window");
+  return false;  // llama: no sliding window
+}
+
+// 5. RoPE: theta, scaling and rotary_dim into `config`.
+void read_rope(const config_fields& f, const std::string& type, attention_config& config) {
+  const json* parameters = f.find(f.object(), "rope_parameters");
+  const json* scaling = f.find(f.object(), "rope_scaling");
+  if (parameters != nullptr && scaling != nullptr) f.fail("fields 'rope_parameters' and 'rope_scaling' are both given");
+  const std::string field = parameters != nullptr ? "rope_parameters" : "rope_scaling";
+  const json* rope = parameters != nullptr ? parameters : scaling;
+  if (rope != nullptr && !rope->is_object())
+    f.fail("field " + quote_name(field) + " must be an object, got " + json_type_name(*rope));
+  const json empty = json::object();
+  const json& r = rope != nullptr ? *rope : empty;
+  auto label = [&](const std::string& key) { return field + "." + key; };
+
+  // Theta: rope_parameters.rope_theta, else the top-level rope_theta, else 10000.
+  std::optional<double> theta = f.real_in(r, "rope_theta", label("rope_theta"));
+  if (!theta) theta = f.real("rope_theta");
+  config.rope_theta = theta.value_or(10000.0);
+  if (!(config.rope_theta > 0.0)) f.fail("field 'rope_theta' must be positive");
+
+  // Partial rotary.
+  std::optional<double> partial = f.real_in(r, "partial_rotary_factor", label("partial_rotary_factor"));
+  if (!partial) partial = f.real("partial_rotary_factor");
+  if (partial && (*partial <= 0.0 || *partial > 1.0))
+    f.fail("field 'partial_rotary_factor' must be in (0, 1], got " + std::to_string(*partial));
+  if (partial && *partial < 1.0 && type != "phi3")
+    f.fail("field 'partial_rotary_factor' < 1 is not supported for model_type " + quote_name(type) +
+           " (its attention rotates whole heads)");
+  config.rotary_dim = std::size_t(double(config.head_dim) * partial.value_or(1.0));  // HF: int(head_dim * factor)
+  if (config.rotary_dim == 0 || config.rotary_dim % 2 != 0)
+    f.fail("rotary dimension int(head_dim " + number(config.head_dim) +
+           " * partial_rotary_factor) = " + number(config.rotary_dim) + " must be even and positive");
+
+  // Scaling kind.
+  std::string kind = "default";
+  for (const char* key : {"rope_type", "type"}) {
+    if (const json* value = f.find(r, key)) {
+      if (!value->is_string()) f.fail("field " + quote_name(label(key)) + " must be a string");
+      kind = value->get<std::string>();
+      break;
+    }
+  }
+  rope_scaling& s = config.rope_scaling;
+  std::set<std::string> allowed = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  if (kind == "default") {
+    s.type = rope_scaling::kind::none;
+  } else if (kind == "linear") {
+    s.type = rope_scaling::kind::linear;
+    allowed.insert("factor");
+  } else if (kind == "llama3") {
+    s.type = rope_scaling::kind::llama3;
+    allowed.insert({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  } else if (kind == "yarn") {
+    s.type = rope_scaling::kind::yarn;
+    allowed.insert({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                    "attention_factor", "truncate"});
+  } else {
+    f.fail("field " + quote_name(label("rope_type")) + " is " + quote_name(kind) +
+           ", which kvhead does not implement (it implements default, linear, llama3, yarn)");
+  }
+  for (const auto& [key, value] : r.items())
+    if (!allowed.contains(key))
+      f.fail("field " + quote_name(label(key)) + " is not understood for rope type " + quote_name(kind));
+
+  auto required = [&](const std::string& key) {
+    const std::optional<double> value = f.real_in(r, key, label(key));
+    if (!value)
+      f.fail("field " + quote_name(label(key)) + " is missing (needed by rope type " + quote_name(kind) + ")");
+    return *value;
+  };
+  const std::optional<std::size_t> max_positions = f.count("max_position_embeddings");
+  if (s.type == rope_scaling::kind::linear) s.factor = required("factor");
+  if (s.type == rope_scaling::kind::llama3) {
+    s.factor = required("factor");
+    s.low_freq_factor = required("low_freq_factor");
+    s.high_freq_factor = required("high_freq_factor");
+    s.original_max_position_embeddings = required("original_max_position_embeddings");
+  }
+  if (s.type == rope_scaling::kind::yarn) {
+    // HF (transformers main): original_max_position_embeddings defaults to
+    // max_position_embeddings; a missing factor is their ratio.
+    const std::optional<double> original =
+        f.real_in(r, "original_max_position_embeddings", label("original_max_position_embeddings"));
+    if (!original && !max_positions)
+      f.fail("yarn needs field 'rope_scaling.original_max_position_embeddings' or 'max_position_embeddings'");
+    s.original_max_position_embeddings = original.value_or(double(max_positions.value_or(0)));
+    const std::optional<double> factor = f.real_in(r, "factor", label("factor"));
+    if (!factor && !max_positions) f.fail("yarn needs field " + quote_name(label("factor")));
+    s.factor = factor ? *factor : double(*max_positions) / s.original_max_position_embeddings;
+    // HF: `get("beta_fast") or 32`: 0 means the default too.
+    const double beta_fast = f.real_in(r, "beta_fast", label("beta_fast")).value_or(0.0);
+    const double beta_slow = f.real_in(r, "beta_slow", label("beta_slow")).value_or(0.0);
+    s.beta_fast = beta_fast != 0.0 ? beta_fast : 32.0;
+    s.beta_slow = beta_slow != 0.0 ? beta_slow : 1.0;
+    s.mscale = f.real_in(r, "mscale", label("mscale")).value_or(0.0);
+    s.mscale_all_dim = f.real_in(r, "mscale_all_dim", label("mscale_all_dim")).value_or(0.0);
+    s.attention_factor = f.real_in(r, "attention_factor", label("attention_factor"));
+    s.truncate = f.flag_in(r, "truncate", label("truncate")).value_or(true);
+  }
+}
+
+}  // namespace
+
+model_layer_spec read_model_config(const std::string& config_path, std::size_t layer) {
+  const json object = read_json_object(config_path);
+  const config_fields f(config_path, object);
+  model_layer_spec spec;
+
+  // 1. model_type.
+  const std::optional<std::string> type = f.text("model_type");
+  if (!type) f.fail("field 'model_type' is missing");
+  spec.model_type = *type;
+  if (*type == "gpt_oss")
+    f.fail("model_type 'gpt_oss': attention sinks (self_attn.sinks) and its sliding layers are not implemented yet");
+  if (!supported_types().contains(*type))
+    f.fail("model_type " + quote_name(*type) + " is not supported (kvhead implements " + supported_list() + ")");
+
+  // 2. Shapes.
+  spec.num_hidden_layers = f.required_count("num_hidden_layers");
+  if (layer >= spec.num_hidden_layers)
+    f.fail("layer " + number(layer) + " is beyond num_hidden_layers " + number(spec.num_hidden_layers) +
+           " (layers are 0 to " + number(spec.num_hidden_layers - 1) + ")");
+  attention_config& config = spec.config;
+  config.d_model = f.required_count("hidden_size");
+  config.num_heads = f.required_count("num_attention_heads");
+  config.num_kv_heads = f.count("num_key_value_heads").value_or(config.num_heads);
+  if (config.num_heads % config.num_kv_heads != 0)
+    f.fail("num_attention_heads " + number(config.num_heads) + " is not a multiple of num_key_value_heads " +
+           number(config.num_kv_heads));
+  if (const std::optional<std::size_t> head_dim = f.count("head_dim")) {
+    config.head_dim = *head_dim;
+  } else {
+    if (config.d_model % config.num_heads != 0)
+      f.fail("hidden_size " + number(config.d_model) + " is not a multiple of num_attention_heads " +
+             number(config.num_heads) + " (and no head_dim is given)");
+    config.head_dim = config.d_model / config.num_heads;
+  }
+  config.causal = true;
+
+  // 3. The layer's kind.
+  if (is_sliding_layer(f, *type, layer, spec.num_hidden_layers))
+    f.fail("layer " + number(layer) + " of model_type " + quote_name(*type) +
+           " uses sliding-window attention (fields sliding_window, use_sliding_window, max_window_layers, "
+           "layer_types), which is not implemented yet");
+
+  // 4. Other variants kvhead does not implement.
+  if (f.given("attn_logit_softcapping") || (*type == "gemma2" && !object.contains("attn_logit_softcapping")))
+    f.fail("field 'attn_logit_softcapping' (logit soft-capping) is not implemented yet; it must be null");
+  for (const char* mla : {"kv_lora_rank", "q_lora_rank"})
+    if (f.given(mla)) f.fail(std::string("field '") + mla + "': multi-head latent attention is not implemented");
+  for (const char* cross : {"is_encoder_decoder", "add_cross_attention"})
+    if (f.flag(cross).value_or(false)) f.fail(std::string("field '") + cross + "': cross-attention is not implemented");
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    const std::optional<std::string> dtype = f.text(key);
+    if (dtype && *dtype != "float32" && *dtype != "float16" && *dtype != "bfloat16")
+      f.fail(std::string("field '") + key + "' is " + quote_name(*dtype) +
+             "; kvhead reads float32, float16 and bfloat16 weights");
+  }
+
+  // 5. RoPE.
+  read_rope(f, *type, config);
+
+  // 6. Scale, biases, QK-norm, fused projections.
+  if (*type == "gemma2") {
+    const double scalar = f.real("query_pre_attn_scalar").value_or(256.0);
+    if (!(scalar > 0.0)) f.fail("field 'query_pre_attn_scalar' must be positive");
+    config.scale = float(1.0 / std::sqrt(scalar));
+  } else {
+    config.scale = float(1.0 / std::sqrt(double(config.head_dim)));
+  }
+  const bool attention_bias = f.flag("attention_bias").value_or(false);
+  if (*type == "llama" || *type == "qwen3" || *type == "gemma2") spec.qkv_bias = spec.o_bias = attention_bias;
+  if (*type == "qwen2") spec.qkv_bias = true;
+  if (*type == "qwen3") {
+    const double eps = f.real("rms_norm_eps").value_or(1e-6);
+    if (eps < 0.0) f.fail("field 'rms_norm_eps' must be >= 0");
+    config.qk_norm_eps = float(eps);
+  }
+  spec.fused_qkv = *type == "phi3";
+  return spec;
+}
+
+}  // namespace kvhead::io

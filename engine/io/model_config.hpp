@@ -1,0 +1,49 @@
+// The attention of one layer of a Hugging Face model, from its config.json,
+// for the families kvhead implements, following each family's modeling_*.py:
+//
+//   model_type  biases                  projections        extra
+//   llama       q,k,v,o if attention_bias q,k,v,o_proj     rope_scaling (llama3, linear, yarn)
+//   mistral     none                    q,k,v,o_proj       sliding_window must be null
+//   qwen2       q,k,v (always)          q,k,v,o_proj       sliding per use_sliding_window, max_window_layers
+//   qwen3       q,k,v,o if attention_bias q,k,v,o_proj     QK-norm (q_norm, k_norm, eps rms_norm_eps)
+//   phi3        none                    qkv_proj, o_proj   partial_rotary_factor; sliding_window must be null
+//   gemma2      q,k,v,o if attention_bias q,k,v,o_proj     scale query_pre_attn_scalar^-0.5; only full
+//                                                          layers with attn_logit_softcapping null
+//
+// Fields read: model_type, hidden_size, num_hidden_layers, num_attention_heads,
+// num_key_value_heads (absent: MHA), head_dim (absent: hidden_size / heads,
+// which must divide), rope_theta (absent: 10000), rope_scaling or
+// rope_parameters (rope_type / type: default, linear, llama3, yarn),
+// partial_rotary_factor, attention_bias, sliding_window, use_sliding_window,
+// max_window_layers, layer_types, query_pre_attn_scalar,
+// attn_logit_softcapping, rms_norm_eps, max_position_embeddings, torch_dtype /
+// dtype. Attention is causal, positions start at 0.
+//
+// What kvhead does not implement is an error naming the field, never an
+// approximation: another model_type (gpt_oss: attention sinks), rope types
+// "dynamic", "longrope" and the rest, a sliding-window layer, logit
+// soft-capping, MLA (kv_lora_rank, q_lora_rank), cross-attention, an unknown
+// key inside rope_scaling. Every problem throws file_error
+// "<dir>/config.json: <problem>".
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "kvhead/attention.hpp"
+
+namespace kvhead::io {
+
+struct model_layer_spec {
+  std::string model_type;
+  std::size_t num_hidden_layers = 0;
+  attention_config config;  // d_model = hidden_size; causal; num_kv_heads, rotary_dim and scale set
+  bool fused_qkv = false;   // one qkv_proj.weight [(H + 2G) d, hidden] (phi3), split at load
+  bool qkv_bias = false;    // q_proj, k_proj, v_proj have biases
+  bool o_bias = false;      // o_proj has a bias
+};
+
+/// The spec of layer `layer` from the config.json at `config_path`.
+model_layer_spec read_model_config(const std::string& config_path, std::size_t layer);
+
+}  // namespace kvhead::io

@@ -1,0 +1,214 @@
+// Model folder loading: 1. config.json, 2. the weight files (one, or an index
+// and its shards, each tensor in exactly one), 3. the layer's tensor names,
+// 4. shapes against config.json, 5. load (q, k, v split out of a fused qkv).
+#include "engine/io/model_folder.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string_view>
+#include <vector>
+
+#include "engine/io/json_file.hpp"
+#include "engine/io/safetensors.hpp"
+
+namespace kvhead::io {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string number(std::size_t value) { return std::to_string(value); }
+
+bool present(const fs::path& path) {
+  std::error_code error;
+  return fs::exists(path, error);
+}
+
+// 2. The folder's tensors: each name in exactly one file.
+class model_weights {
+ public:
+  explicit model_weights(const fs::path& folder) {
+    const fs::path single = folder / "model.safetensors", index = folder / "model.safetensors.index.json";
+    if (present(single)) {
+      add(safetensors_file(single.string()));
+    } else if (present(index)) {
+      open_shards(folder, index.string());
+    } else {
+      throw file_error(folder.string(), "holds neither model.safetensors nor model.safetensors.index.json");
+    }
+  }
+
+  bool contains(const std::string& name) const { return owner_.contains(name); }
+  const safetensors_file& file_of(const std::string& name) const { return files_[owner_.at(name)]; }
+  /// Every tensor name starting with `prefix`, sorted.
+  std::vector<std::string> names_with(const std::string& prefix) const {
+    std::vector<std::string> names;
+    for (auto it = owner_.lower_bound(prefix); it != owner_.end() && it->first.starts_with(prefix); ++it)
+      names.push_back(it->first);
+    return names;
+  }
+
+ private:
+  void add(safetensors_file file) {
+    for (const std::string& name : file.tensor_names()) {
+      const auto [found, inserted] = owner_.emplace(name, files_.size());
+      if (!inserted)
+        throw file_error(file.path(), "tensor " + quote_name(name) + " is also in " +
+                                          quote_name(files_[found->second].path()) + " (a tensor in two shards)");
+    }
+    files_.push_back(std::move(file));
+  }
+
+  void open_shards(const fs::path& folder, const std::string& index_path) {
+    const nlohmann::json index = read_json_object(index_path);
+    const auto map = index.find("weight_map");
+    if (map == index.end() || !map->is_object())
+      throw file_error(index_path, "has no object 'weight_map' (tensor name -> shard file)");
+    std::map<std::string, std::string> shard_of;  // tensor -> shard file name
+    std::set<std::string> shards;
+    for (const auto& [tensor, shard] : map->items()) {
+      if (!shard.is_string())
+        throw file_error(index_path, "weight_map entry " + quote_name(tensor) + " is " + json_type_name(shard) +
+                                         ", not a shard file name");
+      const std::string name = shard.get<std::string>();
+      if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+        throw file_error(index_path, "shard " + quote_name(name) + " is not a plain file name in the folder");
+      shard_of.emplace(tensor, name);
+      shards.insert(name);
+    }
+    for (const std::string& shard : shards) {
+      if (!present(folder / shard)) {
+        const auto named =
+            std::find_if(shard_of.begin(), shard_of.end(), [&](const auto& e) { return e.second == shard; });
+        throw file_error(index_path, "shard " + quote_name(shard) + " (named for tensor " + quote_name(named->first) +
+                                         ") does not exist in the folder");
+      }
+      add(safetensors_file((folder / shard).string()));
+    }
+    for (const auto& [tensor, shard] : shard_of) {
+      if (!contains(tensor))
+        throw file_error(index_path, "tensor " + quote_name(tensor) + " is mapped to shard " + quote_name(shard) +
+                                         ", which does not hold it");
+      if (fs::path(file_of(tensor).path()).filename() != shard)
+        throw file_error(index_path, "tensor " + quote_name(tensor) + " is mapped to shard " + quote_name(shard) +
+                                         " but is in " + quote_name(file_of(tensor).path()));
+    }
+  }
+
+  std::vector<safetensors_file> files_;
+  std::map<std::string, std::size_t> owner_;  // tensor name -> index into files_
+};
+
+class layer_reader {
+ public:
+  layer_reader(const model_weights& weights, const model_layer_spec& spec, const std::string& folder, std::size_t layer)
+      : weights_(weights), spec_(spec), folder_(folder), prefix_("model.layers." + number(layer) + ".self_attn.") {}
+
+  loaded_layer read() {
+    const attention_config& c = spec_.config;
+    const std::size_t q_rows = c.num_heads * c.head_dim, kv_rows = c.num_kv_heads * c.head_dim;
+    // 3. The expected names and shapes (and nothing else).
+    std::map<std::string, std::vector<std::size_t>> expected;
+    if (spec_.fused_qkv) {
+      expected["qkv_proj.weight"] = {q_rows + 2 * kv_rows, c.d_model};
+    } else {
+      expected["q_proj.weight"] = {q_rows, c.d_model};
+      expected["k_proj.weight"] = {kv_rows, c.d_model};
+      expected["v_proj.weight"] = {kv_rows, c.d_model};
+    }
+    expected["o_proj.weight"] = {c.d_model, q_rows};
+    if (spec_.qkv_bias) {
+      expected["q_proj.bias"] = {q_rows};
+      expected["k_proj.bias"] = {kv_rows};
+      expected["v_proj.bias"] = {kv_rows};
+    }
+    if (spec_.o_bias) expected["o_proj.bias"] = {c.d_model};
+    if (c.qk_norm_eps) expected["q_norm.weight"] = expected["k_norm.weight"] = {c.head_dim};
+
+    const std::vector<std::string> present = weights_.names_with(prefix_);
+    if (present.empty()) fail(folder_, "no tensor of this layer (" + prefix_ + "*)");
+    for (const std::string& name : present) {
+      const std::string suffix = name.substr(prefix_.size());
+      if (suffix == "sinks")
+        fail(weights_.file_of(name).path(),
+             quote_name(name) + ": attention sinks are not implemented yet (model_type " + spec_.model_type + ")");
+      if (suffix == "rotary_emb.inv_freq" || expected.contains(suffix)) continue;
+      fail(weights_.file_of(name).path(), "unexpected tensor " + quote_name(name) + " for model_type " +
+                                              quote_name(spec_.model_type) + " (config.json gives it no such " +
+                                              "attention tensor; attention_bias and the family decide the biases)");
+    }
+    // 4. Shapes.
+    for (const auto& [suffix, shape] : expected) {
+      const std::string name = prefix_ + suffix;
+      if (!weights_.contains(name)) fail(folder_, "missing tensor " + quote_name(name));
+      const tensor_info& info = weights_.file_of(name).info(name);
+      if (info.shape != shape)
+        fail(weights_.file_of(name).path(), quote_name(name) + " has shape " + shape_text(info.shape) +
+                                                ", but config.json implies " + shape_text(shape));
+    }
+    // 5. Load.
+    loaded_layer result;
+    result.config = c;
+    if (spec_.fused_qkv) {
+      const std::vector<float> qkv = load("qkv_proj.weight");
+      const auto rows = [&](std::size_t first, std::size_t count) {
+        return std::vector<float>(qkv.begin() + std::ptrdiff_t(first * c.d_model),
+                                  qkv.begin() + std::ptrdiff_t((first + count) * c.d_model));
+      };
+      result.q_proj.weight = rows(0, q_rows);
+      result.k_proj.weight = rows(q_rows, kv_rows);
+      result.v_proj.weight = rows(q_rows + kv_rows, kv_rows);
+    } else {
+      result.q_proj.weight = load("q_proj.weight");
+      result.k_proj.weight = load("k_proj.weight");
+      result.v_proj.weight = load("v_proj.weight");
+    }
+    result.o_proj.weight = load("o_proj.weight");
+    if (spec_.qkv_bias) {
+      result.q_proj.bias = load("q_proj.bias");
+      result.k_proj.bias = load("k_proj.bias");
+      result.v_proj.bias = load("v_proj.bias");
+    }
+    if (spec_.o_bias) result.o_proj.bias = load("o_proj.bias");
+    if (c.qk_norm_eps) {
+      result.q_norm = load("q_norm.weight");
+      result.k_norm = load("k_norm.weight");
+    }
+    return result;
+  }
+
+ private:
+  [[noreturn]] static void fail(const std::string& path, const std::string& problem) {
+    throw file_error(path, problem);
+  }
+
+  std::vector<float> load(const std::string& suffix) const {
+    const std::string name = prefix_ + suffix;
+    return weights_.file_of(name).load_f32(name);
+  }
+
+  const model_weights& weights_;
+  const model_layer_spec& spec_;
+  const std::string& folder_;
+  std::string prefix_;
+};
+
+}  // namespace
+
+model_layer load_model_layer(const std::string& folder, std::size_t layer) {
+  const fs::path path(folder);
+  std::error_code error;
+  if (!fs::is_directory(path, error)) throw file_error(folder, "is not a folder (a Hugging Face model folder)");
+  const fs::path config = path / "config.json";
+  if (!present(config)) throw file_error(folder, "has no config.json (not a Hugging Face model folder)");
+  model_layer result;
+  // 1-2. The configuration before the weights: a bad config opens no shard.
+  result.spec = read_model_config(config.string(), layer);
+  const model_weights weights(path);
+  result.layer = layer_reader(weights, result.spec, folder, layer).read();
+  return result;
+}
+
+}  // namespace kvhead::io

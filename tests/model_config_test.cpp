@@ -1,0 +1,191 @@
+// config.json to a layer configuration (engine/io/model_config.hpp) and a
+// model folder to a loaded layer (engine/io/model_folder.hpp), through the C++
+// API a server uses: each family's fields land where they should, and the
+// older and newer spellings of RoPE scaling read alike.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/io/file_error.hpp"
+#include "engine/io/model_config.hpp"
+#include "engine/io/model_folder.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+/// read_model_config on `config` written to a temporary config.json.
+kvhead::io::model_layer_spec spec_of(const json& config, std::size_t layer = 0) {
+  const fs::path path =
+      fs::temp_directory_path() / ("kvhead-model-config-test-" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << config.dump();
+  struct remover {
+    fs::path p;
+    ~remover() { fs::remove(p); }
+  } cleanup{path};
+  return kvhead::io::read_model_config(path.string(), layer);
+}
+
+json llama() {
+  return {{"model_type", "llama"},          {"hidden_size", 64},      {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},       {"num_hidden_layers", 2}, {"rope_theta", 500000.0},
+          {"max_position_embeddings", 1024}};
+}
+
+std::string error_of(const json& config, std::size_t layer = 0) {
+  try {
+    spec_of(config, layer);
+  } catch (const kvhead::io::file_error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("model config: llama defaults, and the layer's shape") {
+  const kvhead::io::model_layer_spec spec = spec_of(llama());
+  CHECK(spec.model_type == "llama");
+  CHECK(spec.config.num_heads == 4);
+  CHECK(spec.config.num_kv_heads == 2);
+  CHECK(spec.config.head_dim == 16);
+  CHECK(spec.config.d_model == 64);
+  CHECK(spec.config.rotary_dim == 16);
+  CHECK(spec.config.causal);
+  CHECK(spec.config.rope_theta == 500000.0);
+  CHECK(spec.config.rope_scaling.type == kvhead::rope_scaling::kind::none);
+  CHECK(*spec.config.scale == float(1.0 / std::sqrt(16.0)));
+  CHECK(!spec.qkv_bias);
+  CHECK(!spec.o_bias);
+  CHECK(!spec.config.qk_norm_eps);
+  json no_kv = llama();
+  no_kv.erase("num_key_value_heads");
+  no_kv.erase("rope_theta");
+  CHECK(spec_of(no_kv).config.num_kv_heads == 4);      // absent: MHA
+  CHECK(spec_of(no_kv).config.rope_theta == 10000.0);  // HF's default
+  json biased = llama();
+  biased["attention_bias"] = true;
+  CHECK(spec_of(biased).qkv_bias);
+  CHECK(spec_of(biased).o_bias);
+}
+
+TEST_CASE("model config: rope_scaling and rope_parameters, type and rope_type, read alike") {
+  json old_style = llama();
+  old_style["rope_scaling"] = {{"type", "yarn"},   {"factor", 4},   {"original_max_position_embeddings", 256},
+                               {"beta_fast", 0},   {"mscale", 0.7}, {"mscale_all_dim", 0.9},
+                               {"truncate", false}};
+  json new_style = llama();
+  new_style.erase("rope_theta");
+  new_style["rope_parameters"] = old_style["rope_scaling"];
+  new_style["rope_parameters"]["rope_theta"] = 500000.0;
+  new_style["rope_parameters"].erase("type");
+  new_style["rope_parameters"]["rope_type"] = "yarn";
+  for (const json& config : {old_style, new_style}) {
+    const kvhead::io::model_layer_spec spec = spec_of(config);
+    const kvhead::rope_scaling& s = spec.config.rope_scaling;
+    CHECK(spec.config.rope_theta == 500000.0);
+    CHECK(s.type == kvhead::rope_scaling::kind::yarn);
+    CHECK(s.factor == 4.0);
+    CHECK(s.original_max_position_embeddings == 256.0);
+    CHECK(s.beta_fast == 32.0);  // HF: `get("beta_fast") or 32`
+    CHECK(s.beta_slow == 1.0);
+    CHECK(s.mscale == 0.7);
+    CHECK(s.mscale_all_dim == 0.9);
+    CHECK(!s.truncate);
+    CHECK(!s.attention_factor);
+  }
+  json no_factor = llama();
+  no_factor["rope_scaling"] = {{"rope_type", "yarn"}, {"original_max_position_embeddings", 256}};
+  CHECK(spec_of(no_factor).config.rope_scaling.factor == 4.0);  // 1024 / 256
+  json both = old_style;
+  both["rope_parameters"] = {{"rope_type", "default"}};
+  CHECK(error_of(both).find("both given") != std::string::npos);
+  json llama3 = llama();
+  llama3["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}};
+  CHECK(error_of(llama3).find("'rope_scaling.high_freq_factor' is missing") != std::string::npos);
+}
+
+TEST_CASE("model config: each family's twists") {
+  json qwen3 = llama();
+  qwen3["model_type"] = "qwen3";
+  qwen3["head_dim"] = 24;
+  qwen3["rms_norm_eps"] = 1e-5;
+  const kvhead::io::model_layer_spec q3 = spec_of(qwen3);
+  CHECK(q3.config.head_dim == 24);
+  CHECK(*q3.config.qk_norm_eps == 1e-5f);
+  CHECK(*q3.config.scale == float(1.0 / std::sqrt(24.0)));
+  json qwen2 = llama();
+  qwen2["model_type"] = "qwen2";
+  qwen2["use_sliding_window"] = true;
+  qwen2["sliding_window"] = 128;
+  qwen2["max_window_layers"] = 1;
+  CHECK(spec_of(qwen2, 0).qkv_bias);  // below max_window_layers: full attention
+  CHECK(!spec_of(qwen2, 0).o_bias);
+  CHECK(error_of(qwen2, 1).find("sliding-window") != std::string::npos);
+  json phi3 = llama();
+  phi3["model_type"] = "phi3";
+  phi3["partial_rotary_factor"] = 0.75;
+  CHECK(spec_of(phi3).fused_qkv);
+  CHECK(spec_of(phi3).config.rotary_dim == 12);
+  phi3["partial_rotary_factor"] = 0.7;  // int(16 * 0.7) = 11: odd
+  CHECK(error_of(phi3).find("must be even") != std::string::npos);
+  json partial_llama = llama();
+  partial_llama["partial_rotary_factor"] = 0.5;
+  CHECK(error_of(partial_llama).find("partial_rotary_factor") != std::string::npos);
+  json gemma2 = llama();
+  gemma2["model_type"] = "gemma2";
+  gemma2["attn_logit_softcapping"] = nullptr;
+  gemma2["query_pre_attn_scalar"] = 144;
+  CHECK(*spec_of(gemma2, 1).config.scale == float(1.0 / 12.0));
+  CHECK(error_of(gemma2, 0).find("sliding-window") != std::string::npos);
+  gemma2.erase("attn_logit_softcapping");  // HF's default is 50: soft-capping
+  CHECK(error_of(gemma2, 1).find("attn_logit_softcapping") != std::string::npos);
+  json mistral = llama();
+  mistral["model_type"] = "mistral";
+  CHECK(error_of(mistral).find("sliding-window") != std::string::npos);  // absent: 4096
+  mistral["sliding_window"] = nullptr;
+  CHECK(spec_of(mistral).config.num_heads == 4);
+}
+
+TEST_CASE("model config: fields of the wrong type or value name the field") {
+  json bad = llama();
+  bad["num_attention_heads"] = "4";
+  CHECK(error_of(bad).find("'num_attention_heads' must be a positive whole number") != std::string::npos);
+  bad = llama();
+  bad["hidden_size"] = -64;
+  CHECK(error_of(bad).find("'hidden_size'") != std::string::npos);
+  bad = llama();
+  bad["torch_dtype"] = "float8_e4m3fn";
+  CHECK(error_of(bad).find("'torch_dtype'") != std::string::npos);
+  bad = llama();
+  bad["kv_lora_rank"] = 512;
+  CHECK(error_of(bad).find("latent attention") != std::string::npos);
+  bad = llama();
+  bad.erase("model_type");
+  CHECK(error_of(bad).find("'model_type' is missing") != std::string::npos);
+}
+
+TEST_CASE("model folder: the C++ API loads a layer that builds") {
+  const kvhead::io::model_layer model =
+      kvhead::io::load_model_layer((fs::path(KVHEAD_MODELS_DIR) / "phi3_partial").string(), 1);
+  CHECK(model.spec.fused_qkv);
+  CHECK(model.layer.q_proj.weight.size() == 64 * 64);
+  CHECK(model.layer.k_proj.weight.size() == 64 * 64);
+  CHECK(model.layer.v_proj.weight.size() == 64 * 64);
+  CHECK(model.layer.config.rotary_dim == 12);
+  const kvhead::attention_layer layer = model.layer.build();
+  CHECK(layer.config().rotary_dim == 12);
+  const kvhead::io::model_layer qwen3 =
+      kvhead::io::load_model_layer((fs::path(KVHEAD_MODELS_DIR) / "qwen3_qk_norm").string(), 0);
+  CHECK(qwen3.layer.q_norm.size() == 16);
+  CHECK(qwen3.layer.k_norm.size() == 16);
+}
