@@ -1,8 +1,5 @@
 #include "engine/io/json_file.hpp"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <set>
 #include <vector>
 
@@ -21,14 +18,7 @@ std::string read_whole(const std::string& path) {
     throw file_error(path, "is " + std::to_string(file.size()) + " bytes, more than a JSON file here may be (" +
                                std::to_string(max_json_bytes) + ")");
   std::string text(file.size(), '\0');
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ::ssize_t got = ::read(file.descriptor(), text.data() + done, text.size() - done);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw file_error(path, "cannot read: " + system_message(errno));
-    if (got == 0) throw file_error(path, "shrank while being read");
-    done += std::size_t(got);
-  }
+  file.read_exact(text.data(), text.size(), 0);
   return text;
 }
 
