@@ -11,6 +11,7 @@
 #include "engine/capi/handles.hpp"
 #include "engine/capi/status.hpp"
 #include "engine/io/layer_loader.hpp"
+#include "engine/io/model_folder.hpp"
 #include "engine/io/regular_file.hpp"
 #include "engine/io/safetensors.hpp"
 
@@ -88,6 +89,39 @@ io::layer_load_options load_options(const kvh_layer_options& options) {
   return load;
 }
 
+/// A kvh_layer around `layer`, with its own arena when options.threads > 0.
+std::unique_ptr<kvh_layer> wrap(attention_layer layer, const kvh_layer_options& options) {
+  std::unique_ptr<kvh_layer> wrapped(new kvh_layer{std::move(layer), nullptr});
+  if (options.threads > 0) {
+    const int threads = std::min<int>(options.threads, std::max(1, tbb::info::default_concurrency()));
+    wrapped->arena = std::make_unique<tbb::task_arena>(threads);
+    wrapped->arena->initialize();
+  }
+  return wrapped;
+}
+
+/// kvh_layer_open_model's checks of the options against config.json.
+void check_model_options(const kvh_layer_options& options, const attention_config& config) {
+  const auto agree = [&](bool given, bool same, const char* field, const std::string& value) {
+    check(!given || same, KVH_ERR_INVALID_ARGUMENT,
+          [&] { return std::string("options->") + field + " contradicts config.json, which gives " + value; });
+  };
+  agree(options.num_heads != 0, std::size_t(options.num_heads) == config.num_heads, "num_heads",
+        std::to_string(config.num_heads));
+  agree(options.num_kv_heads != 0, std::size_t(options.num_kv_heads) == config.num_kv_heads, "num_kv_heads",
+        std::to_string(config.num_kv_heads));
+  agree(options.rope_theta != 0.0f, double(options.rope_theta) == double(float(config.rope_theta)), "rope_theta",
+        std::to_string(config.rope_theta));
+  agree(options.scale != 0.0f, config.scale && options.scale == *config.scale, "scale",
+        config.scale ? std::to_string(*config.scale) : std::string("the default"));
+  check(options.prefix == nullptr, KVH_ERR_INVALID_ARGUMENT,
+        [] { return std::string("options->prefix must be NULL with a model folder (layers are model.layers.N)"); });
+  check(options.threads >= 0 && options.threads <= max_threads, KVH_ERR_INVALID_ARGUMENT, [&] {
+    return "options->threads = " + std::to_string(options.threads) + " (must be 0 to " + std::to_string(max_threads) +
+           "; 0 = all cores)";
+  });
+}
+
 int32_t layer_dimension(const kvh_layer* layer, std::size_t attention_config::*field) {
   return layer == nullptr ? 0 : int32_t(layer->layer.config().*field);
 }
@@ -130,15 +164,35 @@ kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options*
     std::unique_ptr<kvh_layer> layer;
     {
       const kvhead::io::safetensors_file file(safetensors_path);
-      const kvhead::io::loaded_layer loaded = kvhead::io::load_attention_layer(file, load);
-      layer.reset(new kvh_layer{loaded.build(), nullptr});
-    }
-    if (checked.threads > 0) {
-      const int threads = std::min<int>(checked.threads, std::max(1, tbb::info::default_concurrency()));
-      layer->arena = std::make_unique<tbb::task_arena>(threads);
-      layer->arena->initialize();
+      layer = wrap(kvhead::io::load_attention_layer(file, load).build(), checked);
     }
     *out = layer.release();
+  });
+}
+
+kvh_status kvh_layer_open_model(const char* folder, int32_t layer_index, const kvh_layer_options* options,
+                                kvh_layer** out) {
+  return guarded("kvh_layer_open_model", [&] {
+    not_null(folder, "folder");
+    not_null(options, "options");
+    not_null(out, "out");
+    const kvh_layer_options checked = read_options(*options);
+    check(layer_index >= 0, KVH_ERR_INVALID_ARGUMENT,
+          [&] { return "layer_index = " + std::to_string(layer_index) + " (must be >= 0)"; });
+    std::string config_path;
+    try {
+      config_path = kvhead::io::model_config_path(folder);  // not a folder, no config.json: KVH_ERR_IO
+    } catch (const kvhead::io::file_error& error) {
+      throw capi_error(KVH_ERR_IO, error.what());
+    }
+    const std::size_t layers = kvhead::io::read_num_hidden_layers(config_path);
+    check(std::size_t(layer_index) < layers, KVH_ERR_INVALID_ARGUMENT, [&] {
+      return "layer_index = " + std::to_string(layer_index) + ", but " + config_path + " has num_hidden_layers " +
+             std::to_string(layers);
+    });
+    kvhead::io::model_layer model = kvhead::io::load_model_layer(folder, std::size_t(layer_index));
+    check_model_options(checked, model.layer.config);
+    *out = wrap(model.layer.build(), checked).release();
   });
 }
 

@@ -214,6 +214,11 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
 
 }  // namespace
 
+std::size_t read_num_hidden_layers(const std::string& config_path) {
+  const json object = read_json_object(config_path);
+  return config_fields(config_path, object).required_count("num_hidden_layers");
+}
+
 model_layer_spec read_model_config(const std::string& config_path, std::size_t layer) {
   const json object = read_json_object(config_path);
   const config_fields f(config_path, object);

@@ -43,6 +43,9 @@ struct model_layer_spec {
   bool o_bias = false;      // o_proj has a bias
 };
 
+/// num_hidden_layers of the config.json at `config_path` (nothing else is checked).
+std::size_t read_num_hidden_layers(const std::string& config_path);
+
 /// The spec of layer `layer` from the config.json at `config_path`.
 model_layer_spec read_model_config(const std::string& config_path, std::size_t layer);
 

@@ -3,6 +3,8 @@
 // 4. shapes against config.json, 5. load (q, k, v split out of a fused qkv).
 #include "engine/io/model_folder.hpp"
 
+#include "kvhead/model.hpp"
+
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -197,18 +199,34 @@ class layer_reader {
 
 }  // namespace
 
-model_layer load_model_layer(const std::string& folder, std::size_t layer) {
-  const fs::path path(folder);
+std::string model_config_path(const std::string& folder) {
   std::error_code error;
-  if (!fs::is_directory(path, error)) throw file_error(folder, "is not a folder (a Hugging Face model folder)");
-  const fs::path config = path / "config.json";
+  if (!fs::is_directory(fs::path(folder), error))
+    throw file_error(folder, "is not a folder (a Hugging Face model folder)");
+  const fs::path config = fs::path(folder) / "config.json";
   if (!present(config)) throw file_error(folder, "has no config.json (not a Hugging Face model folder)");
+  return config.string();
+}
+
+model_layer load_model_layer(const std::string& folder, std::size_t layer) {
   model_layer result;
   // 1-2. The configuration before the weights: a bad config opens no shard.
-  result.spec = read_model_config(config.string(), layer);
-  const model_weights weights(path);
+  result.spec = read_model_config(model_config_path(folder), layer);
+  const model_weights weights{fs::path(folder)};
   result.layer = layer_reader(weights, result.spec, folder, layer).read();
   return result;
 }
 
 }  // namespace kvhead::io
+
+namespace kvhead {
+
+attention_config model_layer_config(const std::string& folder, std::size_t layer) {
+  return io::read_model_config(io::model_config_path(folder), layer).config;
+}
+
+attention_layer load_model_layer(const std::string& folder, std::size_t layer) {
+  return io::load_model_layer(folder, layer).layer.build();
+}
+
+}  // namespace kvhead

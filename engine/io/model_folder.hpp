@@ -34,6 +34,9 @@ struct model_layer {
   loaded_layer layer;  // layer.config == spec.config
 };
 
+/// DIR/config.json; file_error when DIR is not a folder or has none.
+std::string model_config_path(const std::string& folder);
+
 /// Reads DIR/config.json and layer `layer`'s weights.
 model_layer load_model_layer(const std::string& folder, std::size_t layer);
 

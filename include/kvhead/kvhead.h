@@ -136,6 +136,19 @@ KVHEAD_API void kvh_layer_options_init_sized(kvh_layer_options* options, size_t 
    num_heads, rope_theta finite and >= 0 (> 0 needs an even head_dim), scale
    finite, threads 0 to 4096 (more than this machine's CPUs: capped there). */
 KVHEAD_API kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options* options, kvh_layer** out);
+/* Layer layer_index of a Hugging Face model folder: config.json, and
+   model.safetensors or model.safetensors.index.json with its shards (the
+   families and variants kvhead/model.hpp lists; what kvhead does not
+   implement is an error naming the field). Everything comes from
+   config.json: options->num_heads, num_kv_heads, rope_theta and scale must
+   each be 0 or agree with it, prefix must be NULL; threads as for
+   kvh_layer_open. The layer is causal (kvh_layer_forward's causal flag still
+   chooses per call). Statuses: folder not a folder or without config.json:
+   KVH_ERR_IO; layer_index < 0 or >= num_hidden_layers, or options that
+   contradict config.json: KVH_ERR_INVALID_ARGUMENT; anything else wrong or
+   unsupported in the files: KVH_ERR_FORMAT. */
+KVHEAD_API kvh_status kvh_layer_open_model(const char* folder, int32_t layer_index, const kvh_layer_options* options,
+                                           kvh_layer** out);
 /* The layer's width d_model (0 for a NULL layer). */
 KVHEAD_API int32_t kvh_layer_d_model(const kvh_layer* layer);
 /* Its num_heads, num_kv_heads and head_dim (0 for a NULL layer). */

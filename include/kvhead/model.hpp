@@ -1,0 +1,38 @@
+// kvhead: one attention layer of a Hugging Face model folder, so that a server
+// never parses config.json itself.
+//
+// A folder holds config.json, and model.safetensors or
+// model.safetensors.index.json with its shards. Layer N is
+// model.layers.N.self_attn.*: its input is the attention block's input hidden
+// states (after the input norm), its output the block's output after o_proj
+// (before the residual add); attention is causal and every sequence starts at
+// position 0. Families: llama (RoPE scaling default, linear, llama3, yarn),
+// mistral, qwen2, qwen3 (QK-norm), phi3 (fused qkv_proj, partial rotary) and
+// gemma2's full-attention layers; weights F32, F16 or BF16, widened to f32 at
+// load. What kvhead does not implement (sliding-window layers, logit
+// soft-capping, attention sinks, rope types "dynamic" and "longrope", MLA,
+// another model_type) is an error naming the field, never an approximation.
+// README's "Model folders" section lists the fields read.
+//
+// Errors: std::runtime_error with one line "<file>: <problem>" (no folder, no
+// config.json, a missing shard, a tensor in two shards, a layer index at or
+// beyond num_hidden_layers, a head count that does not divide, an
+// unsupported field or value).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "kvhead/attention.hpp"
+#include "kvhead/export.h"
+
+namespace kvhead {
+
+/// The configuration of layer `layer` of the model folder, from its
+/// config.json alone (no weight file is opened).
+KVHEAD_API attention_config model_layer_config(const std::string& folder, std::size_t layer);
+
+/// Layer `layer` of the model folder, its weights loaded and packed.
+KVHEAD_API attention_layer load_model_layer(const std::string& folder, std::size_t layer);
+
+}  // namespace kvhead

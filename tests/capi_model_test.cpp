@@ -1,0 +1,109 @@
+// Model folders through the C API (kvh_layer_open_model) and the public C++
+// API (kvhead/model.hpp), as an embedder links them: the shared library only.
+// The two give the same bits; decoding token by token over a cache equals the
+// causal forward pass; each bad call gets its status and a message naming the
+// problem. The folders' numbers against the Hugging Face formulas are checked
+// by the golden_model tests (cli_model_test.cpp).
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kvhead/kvhead.h"
+#include "kvhead/model.hpp"
+#include "tests/io_test_files.hpp"
+#include "tests/random_values.hpp"
+
+namespace {
+
+const std::string llama3 = std::string(KVHEAD_MODELS_DIR) + "/llama3_sharded";  // 3 layers, 4/2 heads, d_model 64
+
+kvh_layer_options defaults() {
+  kvh_layer_options options;
+  kvh_layer_options_init(&options);
+  return options;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("C API model folder: kvh_layer_open_model equals kvhead::load_model_layer, and decoding equals forward") {
+  const kvh_layer_options options = defaults();
+  kvh_layer* layer = nullptr;
+  REQUIRE_MESSAGE(kvh_layer_open_model(llama3.c_str(), 2, &options, &layer) == KVH_OK, kvh_last_error());
+  CHECK(kvh_layer_d_model(layer) == 64);
+  CHECK(kvh_layer_num_heads(layer) == 4);
+  CHECK(kvh_layer_num_kv_heads(layer) == 2);
+
+  const kvhead::attention_config config = kvhead::model_layer_config(llama3, 2);
+  CHECK(config.d_model == 64);
+  CHECK(config.causal);
+  const kvhead::attention_layer cpp_layer = kvhead::load_model_layer(llama3, 2);
+
+  constexpr std::size_t tokens = 9;
+  std::mt19937 random(5);
+  const std::vector<float> x = kvhead::testing::random_values(tokens * 64, random, 1.0f);
+  std::vector<float> c_out(x.size()), cpp_out(x.size()), decoded(x.size());
+  REQUIRE(kvh_layer_forward(layer, x.data(), 1, tokens, 1, c_out.data()) == KVH_OK);
+  cpp_layer.forward(x.data(), 1, tokens, cpp_out.data());
+  CHECK(same_bits(c_out, cpp_out));
+
+  kvh_cache* cache = nullptr;
+  REQUIRE(kvh_cache_create(layer, std::size_t{8} << 20, &cache) == KVH_OK);
+  int64_t id = 0;
+  REQUIRE(kvh_sequence_create(cache, &id) == KVH_OK);
+  const int64_t one = 1;
+  for (std::size_t t = 0; t < tokens; ++t)
+    REQUIRE_MESSAGE(kvh_decode(layer, cache, &id, &one, 1, x.data() + t * 64, decoded.data() + t * 64) == KVH_OK,
+                    kvh_last_error());
+  CHECK(same_bits(decoded, c_out));
+  kvh_cache_destroy(cache);
+  kvh_layer_close(layer);
+}
+
+TEST_CASE("C API model folder: bad calls give their status and name the problem, and *out stays NULL") {
+  const kvhead::test::temp_dir dir;  // empty
+  struct row {
+    const char* what;
+    std::string folder;
+    int32_t layer_index;
+    kvh_layer_options options;
+    kvh_status status;
+    const char* message;  // a part of kvh_last_error()
+  };
+  kvh_layer_options heads_wrong = defaults(), prefix_set = defaults(), theta_wrong = defaults();
+  heads_wrong.num_heads = 8;
+  prefix_set.prefix = "model.layers.0.self_attn.";
+  theta_wrong.rope_theta = 500000.0f;
+  const std::vector<row> rows = {
+      {"no such folder", dir.file("absent"), 0, defaults(), KVH_ERR_IO, "not a folder"},
+      {"a folder without config.json", dir.path().string(), 0, defaults(), KVH_ERR_IO, "no config.json"},
+      {"layer -1", llama3, -1, defaults(), KVH_ERR_INVALID_ARGUMENT, "layer_index = -1"},
+      {"layer beyond num_hidden_layers", llama3, 3, defaults(), KVH_ERR_INVALID_ARGUMENT, "num_hidden_layers 3"},
+      {"num_heads contradicting config.json", llama3, 0, heads_wrong, KVH_ERR_INVALID_ARGUMENT, "num_heads"},
+      {"rope_theta contradicting config.json", llama3, 0, theta_wrong, KVH_ERR_INVALID_ARGUMENT, "rope_theta"},
+      {"a prefix", llama3, 0, prefix_set, KVH_ERR_INVALID_ARGUMENT, "prefix"},
+  };
+  for (const row& r : rows) {
+    INFO(r.what);
+    kvh_layer* layer = nullptr;
+    CHECK(kvh_layer_open_model(r.folder.c_str(), r.layer_index, &r.options, &layer) == r.status);
+    CHECK(layer == nullptr);
+    CHECK(std::string(kvh_last_error()).find(r.message) != std::string::npos);
+  }
+  const kvhead::test::temp_dir malformed;
+  kvhead::test::write_file(malformed.file("config.json"), "{\"model_type\": \"llama\",");
+  kvh_layer* layer = nullptr;
+  const kvh_layer_options options = defaults();
+  CHECK(kvh_layer_open_model(malformed.path().string().c_str(), 0, &options, &layer) == KVH_ERR_FORMAT);
+  CHECK(std::string(kvh_last_error()).find("not valid JSON") != std::string::npos);
+  CHECK(kvh_layer_open_model(nullptr, 0, &options, &layer) == KVH_ERR_INVALID_ARGUMENT);
+  CHECK_THROWS_AS(kvhead::load_model_layer(dir.file("absent"), 0), std::runtime_error);
+  CHECK_THROWS_AS(kvhead::model_layer_config(llama3, 3), std::runtime_error);
+}
