@@ -34,6 +34,7 @@ filled_cache::filled_cache(const decode_shape& shape) : cache(cache_config(shape
     cache.append(id, shape.pasts[i] + 1);
     const sequence_kv kv = decode_kv(shape, i);
     engine::write_cached_kv(cache, 0, {rows(cache, id, 0, 0)}, kv.k.data(), kv.v.data(), path);
+    engine::kv_cache_internals::set_written(cache, id, 0, shape.pasts[i] + 1);  // as a forward would
     ids.push_back(id);
   }
 }

@@ -478,11 +478,12 @@ TEST_CASE("decode isolation: a recycled block's old K/V are never attended" * do
 
 // ------------------------------------------------------------ threads
 // Several threads decode their own sequences in one shared cache, all forked
-// from one shared root (so they read blocks other threads hold, and
-// copy-on-write runs in several threads at once): a seeded schedule per
-// thread of create, append + decode through both layers (single tokens,
-// prefill chunks, ragged batches of several sequences), fork, truncate and
-// free. Each thread's outputs must equal, bit for bit, a one-thread replay of
+// from one shared root, freed once forked (so they read blocks other threads
+// hold, copy-on-write runs in several threads at once, and a shared block
+// returns to the pool when its last holder, any thread, drops it): a seeded
+// schedule per thread of create, append + decode through both layers (single
+// tokens, prefill chunks, ragged batches of several sequences), fork,
+// truncate and free. Each thread's outputs must equal, bit for bit, a one-thread replay of
 // the same schedules, which checks every step against the cache-free forward.
 //
 // Under ThreadSanitizer every thread runs in a one-thread task arena (and
@@ -498,18 +499,22 @@ struct stress_run {
 
   const layer_stack& stack;
   kvhead::kv_cache cache;
-  kvhead::sequence_id root = 0;
   std::vector<float> root_x;
+  std::vector<kvhead::sequence_id> forks;  // one per thread
 
-  explicit stress_run(const layer_stack& s)
-      : stack(s), cache(make_poisoned_cache(s.first.config, 32, 2)) {
+  // The root is freed once forked: its blocks are then held by the threads'
+  // sequences only, so the last holder to drop one (and poison it, in the
+  // tsan build) may be another thread than one copying it.
+  explicit stress_run(const layer_stack& s) : stack(s), cache(make_poisoned_cache(s.first.config, 32, 2)) {
     std::mt19937 generator(99);
     root_x = random_values(root_length * s.d_model(), generator, 1.0f);
-    root = cache.create();
+    const kvhead::sequence_id root = cache.create();
     cache.append(root, root_length);
     std::vector<float> h(root_x.size()), y(root_x.size());
     stack.first.layer.forward(cache, 0, {{root, root_length}}, root_x.data(), h.data());
     stack.second.layer.forward(cache, 1, {{root, root_length}}, h.data(), y.data());
+    for (std::size_t t = 0; t < threads; ++t) forks.push_back(cache.fork(root));
+    cache.free(root);
   }
 
   struct sequence {
@@ -523,7 +528,7 @@ struct stress_run {
   std::vector<float> work(std::size_t t, bool check, std::size_t* wrong) {
     const std::size_t d_model = stack.d_model();
     std::mt19937 random(static_cast<std::uint32_t>(7000 + t));
-    std::vector<sequence> mine = {{cache.fork(root), root_x}};
+    std::vector<sequence> mine = {{forks[t], root_x}};
     std::vector<float> outputs, x, h, y;
     std::vector<kvhead::sequence_tokens> batch;
     for (std::size_t step = 0; step < steps; ++step) {
@@ -610,7 +615,6 @@ TEST_CASE("decode stress: threads decoding forked and truncated sequences of one
     CAPTURE(t);
     CHECK(failures[t] == "");
   }
-  concurrent.cache.free(concurrent.root);
   CHECK(concurrent.cache.free_blocks() == concurrent.cache.total_blocks());
 
   stress_run replay(stack);

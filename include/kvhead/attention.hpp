@@ -26,7 +26,8 @@
 // Threads. Work runs on oneTBB in the caller's task arena (or the one
 // set_num_threads configured): to bound the threads, call from inside a
 // tbb::task_arena of that size. What may be called concurrently, from any
-// threads: scaled_dot_product_attention, always (outputs must not overlap);
+// threads: scaled_dot_product_attention, always (no call's output may
+// overlap another concurrent call's inputs or output);
 // the const members of one attention_layer (config, both forwards: the layer
 // is immutable after construction, its scratch per thread); forwards over one
 // kv_cache as kv_cache.hpp's "Threads" allows (batches naming disjoint
