@@ -202,7 +202,7 @@ TEST_CASE("pack_b_offset addresses the packed layout of packed_b, every path") {
       const packed_b packed(shape.k, shape.n, {b.data(), shape.n, transpose::no}, path);
       for (std::size_t row = 0; row < shape.k; ++row)
         for (std::size_t col = 0; col < shape.n; ++col)
-          CHECK(packed.view().panels[pack_b_offset(config, shape.k, shape.n, row, col)] == b[row * shape.n + col]);
+          CHECK(static_cast<const float*>(packed.view().panels)[pack_b_offset(config, shape.k, shape.n, row, col)] == b[row * shape.n + col]);
     }
   }
 }

@@ -8,6 +8,7 @@
 #include "engine/gemm/gemm.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -64,14 +65,18 @@ void for_each_index(std::size_t count, double flops, const Body& body) {
 // panels + p * panel_stride + k * row_stride. Packed blocks hold every panel
 // (zero-padded); a block read in place from an untransposed B has its partial
 // last panel packed separately in `tail_panel`.
+// Strides in elements; panels may hold another element type than fp32 (the
+// tail panel is always fp32).
 struct b_block {
-  const float* panels;
+  const void* panels;
   std::size_t panel_stride, row_stride;
   const float* tail_panel;  // null when the last panel is in `panels`
+  kv_dtype element = kv_dtype::f32;
 };
 
-void run_tile(const gemm_config& config, microkernel_params params, std::size_t rows, std::size_t cols) {
-  const microkernel_function kernel = config.microkernels[rows - 1];
+void run_tile(const gemm_config& config, kv_dtype element, microkernel_params params, std::size_t rows,
+              std::size_t cols) {
+  const microkernel_function kernel = config.microkernels[static_cast<std::size_t>(element)][rows - 1];
   if (cols == config.nr) {
     kernel(params);
     return;
@@ -80,7 +85,7 @@ void run_tile(const gemm_config& config, microkernel_params params, std::size_t 
   alignas(aligned_buffer::alignment) float tile[max_tile_floats] = {};
   float* const c = params.c;
   const std::size_t ldc = params.ldc;
-  if (params.beta != 0.0f)
+  if (params.beta != 0.0f || params.accumulate)
     for (std::size_t row = 0; row < rows; ++row) std::copy(c + row * ldc, c + row * ldc + cols, tile + row * config.nr);
   params.c = tile;
   params.ldc = config.nr;
@@ -94,7 +99,8 @@ void run_tile(const gemm_config& config, microkernel_params params, std::size_t 
 // block (L2) against its B panels (L1).
 void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_operand a, std::size_t k0,
                     std::size_t depth, const b_block& block, std::size_t col0, std::size_t cols, float beta, float* c,
-                    std::size_t ldc) {
+                    std::size_t ldc, bool accumulate) {
+  const std::size_t element_size = element_bytes(block.element);
   const std::size_t a_panels = ceil_div(m, config.mr);
   // Tasks: equal row blocks (whole MR panels, at most MC rows: the A block
   // stays in L2) times groups of NR panels. With several threads, aim for ~4
@@ -131,13 +137,22 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     const std::size_t panel_end = std::min(panels, (group + 1) * panels_per_group);
     for (std::size_t panel = group * panels_per_group; panel < panel_end; ++panel) {
       const bool packed_tail = block.tail_panel != nullptr && panel + 1 == panels;
-      const float* b_panel = packed_tail ? block.tail_panel : block.panels + panel * block.panel_stride;
+      const void* b_panel = packed_tail ? static_cast<const void*>(block.tail_panel)
+                                        : static_cast<const std::byte*>(block.panels) +
+                                              panel * block.panel_stride * element_size;
+      const kv_dtype element = packed_tail ? kv_dtype::f32 : block.element;
       const std::size_t col = panel * config.nr;
       for (std::size_t row = row0; row < row0 + rows; row += config.mr) {
-        const microkernel_params params{
-            a_packed.data() + row * depth, b_panel, packed_tail ? config.nr : block.row_stride, depth, alpha, beta,
-            c + row * ldc + col0 + col,    ldc};
-        run_tile(config, params, std::min(config.mr, m - row), std::min(config.nr, cols - col));
+        const microkernel_params params{a_packed.data() + row * depth,
+                                        b_panel,
+                                        packed_tail ? config.nr : block.row_stride,
+                                        depth,
+                                        alpha,
+                                        beta,
+                                        c + row * ldc + col0 + col,
+                                        ldc,
+                                        accumulate};
+        run_tile(config, element, params, std::min(config.mr, m - row), std::min(config.nr, cols - col));
       }
     }
   };
@@ -145,10 +160,11 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
 }
 
 // The JC and PC loops; block(col0, cols, k0, depth) yields op(B)'s block.
+// accumulate: C is the running accumulator of every KC block (alpha, beta unused).
 template <class BlockSource>
 void multiply(const gemm_config& config, std::size_t m, std::size_t n, std::size_t k, float alpha, gemm_operand a,
-              float beta, float* c, std::size_t ldc, const BlockSource& block) {
-  if (m == 0 || n == 0) return;
+              float beta, float* c, std::size_t ldc, const BlockSource& block, bool accumulate = false) {
+  if (m == 0 || n == 0 || (k == 0 && accumulate)) return;
   if (k == 0) {
     for (std::size_t row = 0; row < m; ++row)
       for (std::size_t col = 0; col < n; ++col) c[row * ldc + col] = beta == 0.0f ? 0.0f : beta * c[row * ldc + col];
@@ -159,7 +175,7 @@ void multiply(const gemm_config& config, std::size_t m, std::size_t n, std::size
     for (std::size_t k0 = 0; k0 < k; k0 += config.kc) {
       const std::size_t depth = std::min(config.kc, k - k0);
       multiply_block(config, m, alpha, a, k0, depth, block(col0, cols, k0, depth), col0, cols, k0 == 0 ? beta : 1.0f, c,
-                     ldc);
+                     ldc, accumulate);
     }
   }
 }
@@ -260,7 +276,10 @@ packed_b::packed_b(std::size_t k, std::size_t n, gemm_operand b, simd_path path)
     pack_b(b, k0, std::min(config.kc, k - k0), 0, n, config.nr, panels + k0 * padded_n);
 }
 
-void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc) {
+namespace {
+
+void multiply_prepacked(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c,
+                        std::size_t ldc, bool accumulate) {
   engine::require(shape.k <= b.k && shape.n <= b.n, [&] {
     return std::string("gemm: the block ") + std::to_string(shape.k) + " x " + std::to_string(shape.n) +
            " exceeds the packed B (" + std::to_string(b.k) + " x " + std::to_string(b.n) + ")";
@@ -268,14 +287,26 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float 
   validate_operand("A", a, shape.m, shape.k);
   validate_c(c, ldc, shape.m, shape.n);
   const gemm_config config = gemm_config_for(b.path);
-  // Packed block k0 / KC starts at k0 * round_up(b.n, NR); its panels hold
-  // that block's full depth of b.k.
+  const std::size_t element_size = element_bytes(b.element);
+  // Packed block k0 / KC starts at element k0 * round_up(b.n, NR); its
+  // panels hold that block's full depth of b.k.
   auto prepacked_block = [&](std::size_t col0, std::size_t, std::size_t k0, std::size_t) {
     const std::size_t panel_stride = std::min(config.kc, b.k - k0) * config.nr;
-    return b_block{b.panels + k0 * round_up(b.n, config.nr) + (col0 / config.nr) * panel_stride, panel_stride,
-                   config.nr, nullptr};
+    const std::size_t offset = k0 * round_up(b.n, config.nr) + (col0 / config.nr) * panel_stride;
+    return b_block{static_cast<const std::byte*>(b.panels) + offset * element_size, panel_stride, config.nr, nullptr,
+                   b.element};
   };
-  multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, prepacked_block);
+  multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, prepacked_block, accumulate);
+}
+
+}  // namespace
+
+void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc) {
+  multiply_prepacked(shape, alpha, a, b, beta, c, ldc, false);
+}
+
+void gemm_accumulate(gemm_shape shape, gemm_operand a, packed_b_view b, float* c, std::size_t ldc) {
+  multiply_prepacked(shape, 1.0f, a, b, 0.0f, c, ldc, true);
 }
 
 gemm_serial_scope::gemm_serial_scope() { ++serial_depth(); }
