@@ -80,13 +80,15 @@ constexpr kvhead::kv_dtype dtypes[] = {kvhead::kv_dtype::f32, kvhead::kv_dtype::
 
 const bool registered = [] {
   for (const kvhead::kv_dtype dtype : {kvhead::kv_dtype::f32, kvhead::kv_dtype::bf16}) {
-    auto* bench = benchmark::RegisterBenchmark(dtype_name("decode_block_size", dtype).c_str(), decode_block_size, dtype);
+    auto* bench =
+        benchmark::RegisterBenchmark(dtype_name("decode_block_size", dtype).c_str(), decode_block_size, dtype);
     bench->ArgNames({"block", "threads"})->UseRealTime();
     for (const std::int64_t block : {16, 32, 64, 128, 256}) bench->Args({block, 1});
   }
   using decode_function = void (*)(benchmark::State&, kvhead::kv_dtype);
-  const std::pair<const char*, decode_function> shapes[] = {
-      {"S1_decode_gqa", &s1_decode_gqa}, {"S4_decode_mqa", &s4_decode_mqa}, {"S5_decode_ragged16", &s5_decode_ragged16}};
+  const std::pair<const char*, decode_function> shapes[] = {{"S1_decode_gqa", &s1_decode_gqa},
+                                                            {"S4_decode_mqa", &s4_decode_mqa},
+                                                            {"S5_decode_ragged16", &s5_decode_ragged16}};
   for (const auto& [name, function] : shapes)
     for (const kvhead::kv_dtype dtype : dtypes)
       benchmark::RegisterBenchmark(dtype_name(name, dtype).c_str(), function, dtype)

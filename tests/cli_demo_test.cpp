@@ -130,8 +130,8 @@ TEST_CASE("demo_check_across_a_cache_block_boundary") {
 
 TEST_CASE("demo_kv_dtype_prints_bytes_per_token_and_all_prints_the_table") {
   // 300 + 40 tokens (a second 256-token block), GQA 4:2, head_dim 16, 2 layers.
-  const std::vector<std::string> model = {"--layers", "2",   "--d-model", "64", "--heads",   "4",  "--kv-heads", "2",
-                                          "--head-dim", "16", "--prompt", "300", "--tokens", "40", "--threads", "1"};
+  const std::vector<std::string> model = {"--layers",   "2",  "--d-model", "64",  "--heads",  "4",  "--kv-heads", "2",
+                                          "--head-dim", "16", "--prompt",  "300", "--tokens", "40", "--threads",  "1"};
   const cli_result bf16 = run_kvhead(with(with({"demo"}, model), {"--kv-dtype", "bf16"}));
   INFO("stdout: " << bf16.out);
   INFO("stderr: " << bf16.err);

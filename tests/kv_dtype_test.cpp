@@ -55,14 +55,14 @@ std::vector<float> awkward_floats(std::size_t count, unsigned seed) {
   for (std::size_t i = 0; i < count; ++i) {
     std::uint32_t bits = generator();
     if (i % 4 == 1) bits = (bits & 0x8001ffff) | 0x38000000 | (generator() % 2 << 27);  // near f16's range
-    if (i % 4 == 2) bits &= 0xffff8000;  // bf16 ties and near-ties
+    if (i % 4 == 2) bits &= 0xffff8000;                                                 // bf16 ties and near-ties
     if (i % 4 == 3) bits = (bits & 0xffffe000) | 0x1000;  // f16 ties (13 dropped bits = 1000...)
     values.push_back(std::bit_cast<float>(bits));
   }
-  for (float x : {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 6.1035156e-05f, 5.9604645e-08f,
-                  2.9802322e-08f, 2.9802326e-08f, 1e-30f, std::numeric_limits<float>::max(),
-                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                  std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()})
+  for (float x : {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 6.1035156e-05f, 5.9604645e-08f, 2.9802322e-08f,
+                  2.9802326e-08f, 1e-30f, std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                  std::numeric_limits<float>::denorm_min()})
     values.push_back(x);
   return values;
 }
@@ -91,7 +91,8 @@ TEST_CASE("kv dtype: bf16 and f16 encoding rounds to nearest even, keeps NaN and
 
 TEST_CASE("kv dtype: int8 scale is max|x| / 127, values round to nearest even, a non-finite row gets a NaN scale") {
   std::mt19937 generator(5);
-  for (const std::size_t count : {std::size_t{1}, std::size_t{3}, std::size_t{40}, std::size_t{128}, std::size_t{131}}) {
+  for (const std::size_t count :
+       {std::size_t{1}, std::size_t{3}, std::size_t{40}, std::size_t{128}, std::size_t{131}}) {
     for (int trial = 0; trial < 50; ++trial) {
       std::vector<float> row = random_values(count, generator, trial % 2 == 0 ? 1.0f : 1e-3f);
       if (trial % 5 == 0) row[0] = 127.0f * 0.5f;  // exact halves appear in x / scale
@@ -235,8 +236,8 @@ std::vector<float> attend(const cached_problem& problem, const filled& cache, st
   const float scale = 1.0f / std::sqrt(float(problem.head_dim));
   auto rows_of = [&](std::size_t s, std::size_t length, std::size_t past, std::size_t row0) {
     std::size_t count = 0;
-    return engine::cached_rows{engine::kv_cache_internals::block_table(cache.cache, cache.ids[s], &count), length,
-                               past, row0};
+    return engine::cached_rows{engine::kv_cache_internals::block_table(cache.cache, cache.ids[s], &count), length, past,
+                               row0};
   };
   if (batched) {
     std::vector<engine::cached_rows> batch;
@@ -260,8 +261,8 @@ TEST_CASE("kv dtype: attention over a bf16, f16 or int8 cache equals a double re
     std::vector<std::size_t> lengths;
     std::size_t new_rows;
   };
-  const shape shapes[] = {{8, 2, 40, {1, 17, 300}, 1}, {4, 4, 128, {257, 33}, 5}, {6, 1, 16, {600}, 3},
-                          {3, 3, 7, {45}, 2}};
+  const shape shapes[] = {
+      {8, 2, 40, {1, 17, 300}, 1}, {4, 4, 128, {257, 33}, 5}, {6, 1, 16, {600}, 3}, {3, 3, 7, {45}, 2}};
   for (const simd_path path : kvhead::supported_simd_paths())
     for (const kv_dtype dtype : every_dtype)
       for (const std::size_t block_size : {std::size_t{16}, std::size_t{64}, std::size_t{256}})
@@ -342,8 +343,9 @@ TEST_CASE("kv dtype: bit-identical across thread counts, batching, chunking and 
     }
 }
 
-TEST_CASE("kv dtype: a NaN or Inf written into the cache: int8 makes every output attending to it NaN; bf16 and f16 "
-          "keep it, as an f32 cache does") {
+TEST_CASE(
+    "kv dtype: a NaN or Inf written into the cache: int8 makes every output attending to it NaN; bf16 and f16 "
+    "keep it, as an f32 cache does") {
   for (const simd_path path : kvhead::supported_simd_paths())
     for (const kv_dtype dtype : compressed)
       for (const bool in_values : {false, true})
@@ -409,8 +411,8 @@ TEST_CASE("kv dtype: layer output over a bf16, f16 or int8 cache against an f32 
   const std::vector<float> wv = random_values(kv_heads * d * d_model, generator, weight_scale);
   const std::vector<float> wo = random_values(d_model * heads * d, generator, 1.0f / std::sqrt(float(heads * d)));
   const std::vector<float> x = random_values(tokens * d_model, generator, 1.0f);
-  const kvhead::attention_layer layer(config, {{wq.data(), nullptr}, {wk.data(), nullptr}, {wv.data(), nullptr},
-                                               {wo.data(), nullptr}});
+  const kvhead::attention_layer layer(
+      config, {{wq.data(), nullptr}, {wk.data(), nullptr}, {wv.data(), nullptr}, {wo.data(), nullptr}});
 
   // The decode steps' outputs [steps, d_model] over a cache of `dtype`.
   auto decode = [&](kv_dtype dtype) {
@@ -482,9 +484,9 @@ TEST_CASE("kv dtype: layer output over a bf16, f16 or int8 cache against an f32 
           score_magnitude = std::max(score_magnitude, scale * magnitude);
           value_magnitude = std::max(value_magnitude, value_max);
         }
-        const double fp32 = value_magnitude * ((4.0 * d + 12.0) * unit_roundoff * (score_magnitude + 2.0) +
-                                               4.0 * unit_roundoff * score_magnitude +
-                                               (4.0 * double(t + 1) + 24.0) * unit_roundoff);
+        const double fp32 =
+            value_magnitude * ((4.0 * d + 12.0) * unit_roundoff * (score_magnitude + 2.0) +
+                               4.0 * unit_roundoff * score_magnitude + (4.0 * double(t + 1) + 24.0) * unit_roundoff);
         attended_error[h] = value_error + std::expm1(2.0 * shift) * (value_magnitude + value_error) + 2.0 * fp32;
         attended_magnitude[h] = value_magnitude + value_error;
       }

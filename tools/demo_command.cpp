@@ -83,7 +83,7 @@ struct demo_options {
 constexpr flag_spec demo_flags[] = {
     {"--layers", true},   {"--d-model", true}, {"--heads", true},  {"--kv-heads", true},
     {"--head-dim", true}, {"--prompt", true},  {"--tokens", true}, {"--batch", true},
-    {"--threads", true},  {"--seed", true},    {"--csv", true},   {"--kv-dtype", true},
+    {"--threads", true},  {"--seed", true},    {"--csv", true},    {"--kv-dtype", true},
 };
 
 // ------------------------------------------------------------------ 1. flags
@@ -341,10 +341,11 @@ demo_run run_one(const demo_options& o, kv_dtype dtype, simd_path path, tbb::tas
       o.layers, D, o.heads, o.kv_heads, o.head_dim, rope_theta, D, (unsigned long long)o.seed);
   std::printf("run:    %zu sequence(s): prompt %zu random tokens (N(0, 1) embeddings), then %zu decoded tokens\n", B, P,
               T);
-  std::printf("        KV cache: %s, %zu bytes per token (all layers); %zu block(s) of %zu tokens x %zu layers,\n"
-              "        %s each (%s pool)\n",
-              to_string(dtype), cache.bytes_per_token(), cache.total_blocks(), cache.config().block_size, o.layers,
-              format_bytes(cache.block_bytes()).c_str(), format_bytes(cache.total_blocks() * cache.block_bytes()).c_str());
+  std::printf(
+      "        KV cache: %s, %zu bytes per token (all layers); %zu block(s) of %zu tokens x %zu layers,\n"
+      "        %s each (%s pool)\n",
+      to_string(dtype), cache.bytes_per_token(), cache.total_blocks(), cache.config().block_size, o.layers,
+      format_bytes(cache.block_bytes()).c_str(), format_bytes(cache.total_blocks() * cache.block_bytes()).c_str());
   std::fflush(stdout);
 
   std::optional<stack> model;
@@ -465,11 +466,11 @@ demo_run run_one(const demo_options& o, kv_dtype dtype, simd_path path, tbb::tas
       "  latency   per token step (%zu seq): median %.2f ms over the first %zu (positions %zu-%zu),\n"
       "            %.2f ms over the last %zu (positions %zu-%zu)\n",
       B, median(early) * 1e3, S, P, P + S - 1, median(late) * 1e3, S, first, context - 1);
-  std::printf("  KV cache  %s, %zu bytes per token; %zu of %zu block(s) in use (%zu tokens x %zu layers each),\n"
-              "            %s (%s per block)\n",
-              to_string(dtype), cache.bytes_per_token(), blocks_in_use, cache.total_blocks(),
-              cache.config().block_size, o.layers, format_bytes(cache.bytes_in_use()).c_str(),
-              format_bytes(cache.block_bytes()).c_str());
+  std::printf(
+      "  KV cache  %s, %zu bytes per token; %zu of %zu block(s) in use (%zu tokens x %zu layers each),\n"
+      "            %s (%s per block)\n",
+      to_string(dtype), cache.bytes_per_token(), blocks_in_use, cache.total_blocks(), cache.config().block_size,
+      o.layers, format_bytes(cache.bytes_in_use()).c_str(), format_bytes(cache.block_bytes()).c_str());
   std::printf(
       "  no cache  the last %zu steps (positions %zu-%zu) recomputing the whole prefix per token:\n"
       "            %.2f ms per step vs %.2f ms cached: %.1fx speed-up with the cache\n",

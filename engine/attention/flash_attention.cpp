@@ -174,16 +174,23 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   float* const sum = partial + rows;
   float* const acc = partial + 2 * rows;
 
-  // 2a. scores = scale * q kᵀ (+ mask), one GEMM per segment (each column
-  // is computed alone: the same bits as one GEMM over the chunk); int8:
-  // times each key's K scale.
+  // 2a. scores = scale * q kᵀ (+ mask), the segments' Kᵀ as the column pages
+  // of one GEMM (each column is computed alone: the same bits as one packed
+  // Kᵀ); int8: times each key's K scale.
+  const void* key_pages[max_segments_per_chunk];
+  const void* value_pages[max_segments_per_chunk];
   for (std::size_t s = 0; s < segments; ++s) {
+    key_pages[s] = views[s].keys.panels;
+    value_pages[s] = views[s].values.panels;
+  }
+  const packed_b_view& first_keys = views[0].keys;
+  gemm({rows, width, head_dim}, tile.scale, {scratch.q_rows.data(), head_dim, transpose::no},
+       paged_b_view{key_pages, first_keys.n, false, head_dim, width, first_keys.path, first_keys.element}, 0.0f, scores,
+       kv_chunk);
+  for (std::size_t s = 0; s < segments && views[s].key_scales != nullptr; ++s) {
     const std::size_t first = s * segment_keys, keys = std::min(segment_keys, width - first);
-    gemm({rows, keys, head_dim}, tile.scale, {scratch.q_rows.data(), head_dim, transpose::no}, views[s].keys, 0.0f,
-         scores + first, kv_chunk);
-    if (views[s].key_scales != nullptr)
-      for (std::size_t row = 0; row < rows; ++row)
-        for (std::size_t j = 0; j < keys; ++j) scores[row * kv_chunk + first + j] *= views[s].key_scales[j];
+    for (std::size_t row = 0; row < rows; ++row)
+      for (std::size_t j = 0; j < keys; ++j) scores[row * kv_chunk + first + j] *= views[s].key_scales[j];
   }
   if (tile.additive_mask != nullptr)
     for (std::size_t row = 0; row < rows; ++row) {
@@ -206,7 +213,8 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   }
 
   // 2c. acc = p v. Off the causal diagonal every position sees the whole
-  // chunk: one GEMM per segment, accumulating. On it, positions see
+  // chunk: one GEMM, the segments' V as its row pages (each element's FMA
+  // chain runs on across them). On it, positions see
   // different prefixes. When V's rows there are all finite, hidden
   // probabilities are set to 0 and the GEMMs still run over the widest
   // prefix: fma(0, v, acc) == acc exactly for finite v (acc starts at +0 and
@@ -216,20 +224,18 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   // zero probability.
   const std::size_t widest = visible(positions - 1);
   const bool in_place = views[0].values_in_place.data != nullptr;  // user V: one segment
+  const packed_b_view& first_values = views[0].values;
+  const paged_b_view paged_values{value_pages,       first_values.k,      true, width, head_dim,
+                                  first_values.path, first_values.element};
   auto multiply_pv = [&](std::size_t first_position, std::size_t end_position, std::size_t depth) {
     const std::size_t row0 = first_position * group;
+    const gemm_shape shape{(end_position - first_position) * group, head_dim, depth};
+    const gemm_operand probabilities{scores + row0 * kv_chunk, kv_chunk, transpose::no};
     float* const target = acc + row0 * head_dim;
-    for (std::size_t s = 0; s * segment_keys < depth; ++s) {
-      const std::size_t first = s * segment_keys;
-      const gemm_shape shape{(end_position - first_position) * group, head_dim, std::min(segment_keys, depth - first)};
-      const gemm_operand probabilities{scores + row0 * kv_chunk + first, kv_chunk, transpose::no};
-      if (in_place)
-        gemm(shape, 1.0f, probabilities, views[s].values_in_place, 0.0f, target, head_dim, tile.path);
-      else if (s == 0)
-        gemm(shape, 1.0f, probabilities, views[s].values, 0.0f, target, head_dim);
-      else
-        gemm_accumulate(shape, probabilities, views[s].values, target, head_dim);
-    }
+    if (in_place)
+      gemm(shape, 1.0f, probabilities, views[0].values_in_place, 0.0f, target, head_dim, tile.path);
+    else
+      gemm(shape, 1.0f, probabilities, paged_values, 0.0f, target, head_dim);
   };
   auto values_finite = [&] {
     if (in_place) return all_finite(views[0].values_in_place, widest, head_dim);

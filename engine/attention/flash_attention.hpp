@@ -39,7 +39,7 @@ namespace kvhead::engine {
 /// keys of scores is 120 KiB, in L2 with the chunk's K and V; fewer keys per
 /// chunk cost more merges and shorter GEMMs. At most KC on every path, so
 /// P·V over one chunk is one KC block: one chain of FMAs per element however
-/// the chunk's keys are cut into segments (gemm_accumulate).
+/// the chunk's keys are cut into segments (gemm over a paged_b_view).
 inline constexpr std::size_t kv_chunk = 256;
 static_assert(kv_chunk <= gemm_kc, "a chunk's P·V must be one KC-deep block (one FMA chain per element)");
 
@@ -55,7 +55,7 @@ inline constexpr std::size_t max_segments_per_chunk = 16;
 /// the micro-kernel. int8 only: key_scales[j] and value_scales[j], key j's
 /// fp32 scales, which the kernel applies to key j's scores and to its
 /// probabilities; null otherwise. The GEMM gives the same bits for either
-/// form of V (gemm.hpp), and for one or several segments (gemm_accumulate).
+/// form of V (gemm.hpp), and for one or several segments (paged_b_view).
 struct kv_segment {
   packed_b_view keys, values;
   gemm_operand values_in_place;

@@ -20,7 +20,7 @@ f16_bits encode_f16(float x) {
   const std::uint32_t sign = (bits >> 16) & 0x8000;
   const std::uint32_t magnitude = bits & 0x7fffffff;
   constexpr std::uint32_t f32_inf = 0x7f800000;
-  constexpr std::uint32_t overflow = 0x477ff000;      // 65520: rounds to 2^16, past f16's 65504
+  constexpr std::uint32_t overflow = 0x477ff000;         // 65520: rounds to 2^16, past f16's 65504
   constexpr std::uint32_t smallest_normal = 0x38800000;  // 2^-14
   constexpr std::uint32_t rebias = (127 - 15) << 23;
   if (magnitude > f32_inf) return {static_cast<std::uint16_t>(sign | 0x7e00 | ((magnitude >> 13) & 0x3ff))};

@@ -160,7 +160,8 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
       auto* block = reinterpret_cast<std::byte*>(kv_cache_internals::block_data(cache, e.table[position / block_size]));
       const std::size_t row = e.row0 + position - e.past;
       write(block + key_offset, block + value_offset, scales_offset, config, block_size, head_dim,
-            position % block_size, k + row * row_stride + kv_head * head_dim, v + row * row_stride + kv_head * head_dim);
+            position % block_size, k + row * row_stride + kv_head * head_dim,
+            v + row * row_stride + kv_head * head_dim);
     }
   });
 }

@@ -39,11 +39,13 @@ inline constexpr std::size_t kv_min_block_size = 16, kv_max_block_size = 256;
 /// A region's rows (head_dim) and key columns (block_size) are padded to a
 /// multiple of this: every path's packed panels (NR wide) then tile a region.
 inline constexpr std::size_t kv_panel_multiple = 32;
-static_assert([] {
-  for (const kernel_config_row& row : kernel_config_rows)
-    if (kv_panel_multiple % row.nr != 0) return false;
-  return true;
-}(), "every GEMM path's NR must divide the cache's panel padding");
+static_assert(
+    [] {
+      for (const kernel_config_row& row : kernel_config_rows)
+        if (kv_panel_multiple % row.nr != 0) return false;
+      return true;
+    }(),
+    "every GEMM path's NR must divide the cache's panel padding");
 static_assert(kv_max_block_size <= gemm_kc, "a block's keys are one KC-deep block of P·V");
 static_assert((kv_min_block_size & (kv_min_block_size - 1)) == 0 && kv_min_block_size <= kv_max_block_size);
 

@@ -8,7 +8,9 @@ struct tile_lookup;
 
 template <class Arch, class... Shapes>
 struct tile_lookup<Arch, std::tuple<Shapes...>> {
-  static constexpr bool compiled(std::size_t mr, std::size_t nr) { return ((Shapes::mr == mr && Shapes::nr == nr) || ...); }
+  static constexpr bool compiled(std::size_t mr, std::size_t nr) {
+    return ((Shapes::mr == mr && Shapes::nr == nr) || ...);
+  }
   static const microkernel_function* kernels(std::size_t mr, std::size_t nr, kv_dtype element) {
     const microkernel_function* found = nullptr;
     ((found = found == nullptr && Shapes::mr == mr && Shapes::nr == nr

@@ -42,7 +42,7 @@ struct gemm_config {
   std::size_t mr, nr, mc, kc, nc;
   // microkernels[element][rows - 1], rows in 1..mr, B stored as kv_dtype `element`.
   std::array<const microkernel_function*, stored_dtype_count> microkernels;
-  const row_stream_function* row_streams;    // [rows - 1], rows in 1..row_stream_max_rows
+  const row_stream_function* row_streams;  // [rows - 1], rows in 1..row_stream_max_rows
 };
 
 /// This process's GEMM configuration for `path` (kernel_config_for(path)).

@@ -97,13 +97,25 @@ class packed_b {
 /// (widened to fp32 when stored in another element type).
 void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc);
 
-/// C is the running accumulator: every C(i, j)'s chain of FMAs continues over
-/// this depth (the micro-kernel's accumulate mode, microkernel.hpp). So for a
-/// depth cut into pieces of at most KC in total, gemm(alpha 1, beta 0) over
-/// the first piece and gemm_accumulate over the next ones, each piece's B
-/// anywhere in memory (the blocks of a KV cache), give the bits of one
-/// gemm(alpha 1, beta 0) over the whole depth.
-void gemm_accumulate(gemm_shape shape, gemm_operand a, packed_b_view b, float* c, std::size_t ldc);
+/// op(B) (k x n) cut into pages of `page` rows (along_k) or columns (else):
+/// page i is a packed operand of its own (packed_b_view layout, `page` rows
+/// x n, or k x `page` columns) at pages[i], anywhere in memory, all of one
+/// element type: the blocks of a KV cache read as one operand, in one call.
+/// Column pages narrower than whole NR panels run one call per page.
+struct paged_b_view {
+  const void* const* pages;
+  std::size_t page;
+  bool along_k;
+  std::size_t k, n;
+  simd_path path;
+  kv_dtype element = kv_dtype::f32;
+};
+
+/// C = alpha * op(A) * B + beta * C over a paged B, with the bits of gemm()
+/// over the concatenated B: across column pages every column is computed
+/// alone; across row pages each element's FMA chain continues from page to
+/// page, which requires k <= KC, alpha = 1 and beta = 0 (checked).
+void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float beta, float* c, std::size_t ldc);
 
 /// While alive, GEMM calls made by this thread run serially (for callers that
 /// already run one GEMM per parallel task). Never changes a result.

@@ -22,13 +22,15 @@ __m128i load_16_bytes(const void* elements) { return _mm_loadu_si128(static_cast
 
 }  // namespace
 
-batch widen(avx2_arch, const bf16_bits* elements) {
+[[gnu::always_inline]] inline batch widen(avx2_arch, const bf16_bits* elements) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load_16_bytes(elements)), 16));
 }
 
-batch widen(avx2_arch, const f16_bits* elements) { return _mm256_cvtph_ps(load_16_bytes(elements)); }
+[[gnu::always_inline]] inline batch widen(avx2_arch, const f16_bits* elements) {
+  return _mm256_cvtph_ps(load_16_bytes(elements));
+}
 
-batch widen(avx2_arch, const std::int8_t* elements) {
+[[gnu::always_inline]] inline batch widen(avx2_arch, const std::int8_t* elements) {
   long long eight = 0;
   std::memcpy(&eight, elements, sizeof(eight));
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(eight)));

@@ -20,13 +20,15 @@ __m256i load_32_bytes(const void* elements) { return _mm256_loadu_si256(static_c
 
 }  // namespace
 
-batch widen(avx512_arch, const bf16_bits* elements) {
+[[gnu::always_inline]] inline batch widen(avx512_arch, const bf16_bits* elements) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load_32_bytes(elements)), 16));
 }
 
-batch widen(avx512_arch, const f16_bits* elements) { return _mm512_cvtph_ps(load_32_bytes(elements)); }
+[[gnu::always_inline]] inline batch widen(avx512_arch, const f16_bits* elements) {
+  return _mm512_cvtph_ps(load_32_bytes(elements));
+}
 
-batch widen(avx512_arch, const std::int8_t* elements) {
+[[gnu::always_inline]] inline batch widen(avx512_arch, const std::int8_t* elements) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(elements))));
 }
 

@@ -25,22 +25,23 @@ __m128i load_8_bytes(const void* elements) { return _mm_loadl_epi64(static_cast<
 
 }  // namespace
 
-batch widen(sse2_arch, const bf16_bits* elements) {
+[[gnu::always_inline]] inline batch widen(sse2_arch, const bf16_bits* elements) {
   return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), load_8_bytes(elements)));
 }
 
-batch widen(sse2_arch, const f16_bits* elements) {
+[[gnu::always_inline]] inline batch widen(sse2_arch, const f16_bits* elements) {
   const __m128i halves = _mm_unpacklo_epi16(load_8_bytes(elements), _mm_setzero_si128());
   const __m128i sign = _mm_slli_epi32(_mm_and_si128(halves, _mm_set1_epi32(0x8000)), 16);
   const __m128i magnitude = _mm_slli_epi32(_mm_and_si128(halves, _mm_set1_epi32(0x7fff)), 13);
   const __m128 rebased = _mm_mul_ps(_mm_castsi128_ps(magnitude), _mm_castsi128_ps(_mm_set1_epi32(0x77800000)));
   const __m128i special = _mm_cmpgt_epi32(magnitude, _mm_set1_epi32(0x0f7fffff));  // f16 exponent 31
   const __m128i inf_nan = _mm_or_si128(magnitude, _mm_set1_epi32(0x7f800000));
-  const __m128i bits = _mm_or_si128(_mm_and_si128(special, inf_nan), _mm_andnot_si128(special, _mm_castps_si128(rebased)));
+  const __m128i bits =
+      _mm_or_si128(_mm_and_si128(special, inf_nan), _mm_andnot_si128(special, _mm_castps_si128(rebased)));
   return _mm_castsi128_ps(_mm_or_si128(bits, sign));
 }
 
-batch widen(sse2_arch, const std::int8_t* elements) {
+[[gnu::always_inline]] inline batch widen(sse2_arch, const std::int8_t* elements) {
   int four = 0;
   std::memcpy(&four, elements, sizeof(four));
   const __m128i bytes = _mm_cvtsi32_si128(four);

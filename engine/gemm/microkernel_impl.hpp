@@ -23,7 +23,7 @@ namespace kvhead::engine {
 
 /// W fp32 elements of B as one vector (the other element types: per ISA).
 template <class Arch>
-xsimd::batch<float, Arch> widen(Arch, const float* elements) {
+[[gnu::always_inline]] inline xsimd::batch<float, Arch> widen(Arch, const float* elements) {
   return xsimd::batch<float, Arch>::load_unaligned(elements);
 }
 
