@@ -208,8 +208,9 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     max[row] = state.max;
     sum[row] = state.sum;
     if (views[0].value_scales != nullptr)
-      for (std::size_t j = 0; j < visible(row / group); ++j)
-        p[j] *= views[j / segment_keys].value_scales[j % segment_keys];
+      for (std::size_t first = 0, s = 0; first < visible(row / group); first += segment_keys, ++s)
+        for (std::size_t j = 0; j < std::min(segment_keys, visible(row / group) - first); ++j)
+          p[first + j] *= views[s].value_scales[j];
   }
 
   // 2c. acc = p v. Off the causal diagonal every position sees the whole
