@@ -122,6 +122,59 @@ TEST_CASE("kv dtype: int8 scale is max|x| / 127, values round to nearest even, a
   }
 }
 
+TEST_CASE("kv dtype: block bytes follow the layout formula; the Llama-3-8B table of kv_cache.hpp") {
+  kv_cache_config config;
+  config.num_layers = 32;
+  config.num_kv_heads = 8;
+  config.head_dim = 128;
+  const std::size_t mib = std::size_t(1) << 20;
+  struct row {
+    std::size_t block_size, f32, half, int8;  // bytes
+  };
+  const row table[] = {{16, 8 * mib, 4 * mib, 2 * 512 * (4096 + 64) / 2},
+                       {32, 8 * mib, 4 * mib, 512 * (4096 + 128)},
+                       {64, 16 * mib, 8 * mib, 512 * (8192 + 256)},
+                       {128, 32 * mib, 16 * mib, 512 * (16384 + 512)},
+                       {256, 64 * mib, 32 * mib, 512 * (32768 + 1024)}};
+  for (const row& r : table) {
+    CAPTURE(r.block_size);
+    config.block_size = r.block_size;
+    config.dtype = kv_dtype::f32;
+    CHECK(kvhead::kv_cache_block_bytes(config) == r.f32);
+    config.dtype = kv_dtype::bf16;
+    CHECK(kvhead::kv_cache_block_bytes(config) == r.half);
+    config.dtype = kv_dtype::f16;
+    CHECK(kvhead::kv_cache_block_bytes(config) == r.half);
+    config.dtype = kv_dtype::int8;
+    CHECK(kvhead::kv_cache_block_bytes(config) == r.int8);
+  }
+  // The formula on an awkward geometry: head_dim 40 (rows padded to 64), 3 layers, 2 kv heads.
+  config = {};
+  config.num_layers = 3;
+  config.num_kv_heads = 2;
+  config.head_dim = 40;
+  for (const kv_dtype dtype : every_dtype)
+    for (const std::size_t block_size : block_sizes) {
+      CAPTURE(std::string(kvhead::to_string(dtype)));
+      CAPTURE(block_size);
+      config.dtype = dtype;
+      config.block_size = block_size;
+      const std::size_t element = dtype == kv_dtype::f32 ? 4 : dtype == kv_dtype::int8 ? 1 : 2;
+      const std::size_t elements = std::max(40 * std::max<std::size_t>(block_size, 32), block_size * 64);
+      const std::size_t scales = dtype == kv_dtype::int8 ? (block_size * 4 + 63) / 64 * 64 : 0;
+      const std::size_t region = (elements * element + 63) / 64 * 64 + scales;
+      CHECK(kvhead::kv_cache_block_bytes(config) == 2 * 3 * 2 * region);
+      config.capacity_bytes = 3 * kvhead::kv_cache_block_bytes(config);
+      const kv_cache cache(config);
+      CHECK(cache.dtype() == dtype);
+      CHECK(cache.total_blocks() == 3);
+      CHECK(cache.bytes_per_token() * block_size == cache.block_bytes());
+      config.capacity_bytes = 0;
+    }
+  config.dtype = static_cast<kv_dtype>(7);
+  CHECK_THROWS_WITH_AS(kvhead::kv_cache_block_bytes(config), doctest::Contains("dtype"), std::invalid_argument);
+}
+
 // B (1 x n) stored as `element` patterns, times A = [1]: C is B widened.
 template <class Element>
 std::vector<float> widened(const std::vector<Element>& patterns, kv_dtype element, simd_path path) {
