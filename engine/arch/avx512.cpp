@@ -1,5 +1,5 @@
-// The softmax kernels instantiated for one ISA (avx512_arch). This TU alone is
-// built with the ISA's flags (-mavx512f -mavx512cd -mavx512dq -mavx512bw); see engine/CMakeLists.txt. The GEMM kernels are
+// The softmax kernels instantiated for one ISA (avx512_arch). This TU is built
+// with the ISA's flags (-mavx512f -mavx512cd -mavx512dq -mavx512bw); see engine/CMakeLists.txt. The GEMM kernels are
 // in engine/gemm/kernels_<isa>.cpp.
 #include "engine/softmax/softmax_impl.hpp"
 

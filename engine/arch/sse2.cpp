@@ -1,5 +1,5 @@
-// The softmax kernels instantiated for one ISA (sse2_arch). This TU alone is
-// built with the ISA's flags (none: the x86-64 baseline); see engine/CMakeLists.txt. The GEMM kernels are
+// The softmax kernels instantiated for one ISA (sse2_arch). This TU is built
+// with the ISA's flags (none: the x86-64 baseline); see engine/CMakeLists.txt. The GEMM kernels are
 // in engine/gemm/kernels_<isa>.cpp.
 #include "engine/softmax/softmax_impl.hpp"
 

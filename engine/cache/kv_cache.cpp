@@ -31,6 +31,7 @@
 
 #include "engine/arch/aligned_buffer.hpp"
 #include "engine/cache/kv_cache_internals.hpp"
+#include "engine/gemm/stored_element.hpp"
 
 namespace kvhead {
 
@@ -60,19 +61,6 @@ std::size_t checked_round_up(std::size_t value, std::size_t multiple, const char
   return checked_sum(value, multiple - 1, message) / multiple * multiple;
 }
 
-std::size_t element_bytes(kv_dtype dtype) {
-  switch (dtype) {
-    case kv_dtype::f32:
-      return 4;
-    case kv_dtype::bf16:
-    case kv_dtype::f16:
-      return 2;
-    case kv_dtype::int8:
-      return 1;
-  }
-  throw std::invalid_argument("kv_cache_config.dtype is not one of f32, bf16, f16, int8");
-}
-
 /// `requested` with block_size resolved; throws std::invalid_argument naming
 /// the field of an invalid one.
 kv_cache_config validated(const kv_cache_config& requested) {
@@ -87,7 +75,8 @@ kv_cache_config validated(const kv_cache_config& requested) {
     throw std::invalid_argument("kv_cache_config.block_size must be 16, 32, 64, 128 or 256 (or 0 for " +
                                 std::to_string(kv_cache_default_block_size) + "), got " +
                                 std::to_string(requested.block_size));
-  element_bytes(config.dtype);  // validates the enum
+  if (static_cast<std::size_t>(config.dtype) >= engine::stored_dtype_count)
+    throw std::invalid_argument("kv_cache_config.dtype is not one of f32, bf16, f16, int8");
   return config;
 }
 
@@ -103,8 +92,8 @@ block_layout layout_of(const kv_cache_config& config) {
   const std::size_t elements = std::max(checked_product(config.head_dim, padded_tokens, too_large),
                                         checked_product(config.block_size, padded_dim, too_large));
   block_layout layout;
-  layout.scales_offset =
-      checked_round_up(checked_product(elements, element_bytes(config.dtype), too_large), region_alignment, too_large);
+  layout.scales_offset = checked_round_up(checked_product(elements, engine::element_bytes(config.dtype), too_large),
+                                          region_alignment, too_large);
   const std::size_t scales_bytes =
       config.dtype == kv_dtype::int8 ? ceil_div(config.block_size * sizeof(float), region_alignment) * region_alignment
                                      : 0;
