@@ -98,9 +98,11 @@ TEST_CASE("decode_kv_dtype_same_bits_for_any_chunk_and_threads_close_to_f32") {
   const io::npy_array reference = io::read_npy(f32);
   float reference_max = 0.0f;
   for (const float value : reference.values) reference_max = std::max(reference_max, std::fabs(value));
-  for (const auto& [dtype, ceiling] : {std::pair{"bf16", 1e-2}, std::pair{"f16", 2e-3}, std::pair{"int8", 3e-2}}) {
-    CAPTURE(std::string(dtype));
-    const std::string one = dir.file(std::string(dtype) + "-1.npy"), seven = dir.file(std::string(dtype) + "-7.npy");
+  for (const auto& dtype_ceiling : {std::pair{"bf16", 1e-2}, std::pair{"f16", 2e-3}, std::pair{"int8", 3e-2}}) {
+    const std::string dtype = dtype_ceiling.first;
+    const double ceiling = dtype_ceiling.second;
+    CAPTURE(dtype);
+    const std::string one = dir.file(dtype + "-1.npy"), seven = dir.file(dtype + "-7.npy");
     expect_clean_success(join(join({"decode", "--output", one, "--kv-dtype", dtype}, flags), {"--threads", "2"}));
     expect_clean_success(join(join({"decode", "--output", seven, "--kv-dtype", dtype}, flags), {"--chunk", "7"}));
     CHECK(read_bytes(one) == read_bytes(seven));

@@ -215,10 +215,9 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
 
   // 2c. acc = p v. Off the causal diagonal every position sees the whole
   // chunk: one GEMM, the segments' V as its row pages (each element's FMA
-  // chain runs on across them). On it, positions see
-  // different prefixes. When V's rows there are all finite, hidden
-  // probabilities are set to 0 and the GEMMs still run over the widest
-  // prefix: fma(0, v, acc) == acc exactly for finite v (acc starts at +0 and
+  // chain runs on across them). On it, positions see different prefixes.
+  // When V's rows there are all finite, hidden probabilities are set to 0
+  // and the GEMMs still run over the widest prefix: fma(0, v, acc) == acc exactly for finite v (acc starts at +0 and
   // is never -0), so each row's bits are those of a GEMM over its own
   // prefix. Otherwise (NaN or Inf in V) runs of positions with equal
   // prefixes get their own GEMMs, so a hidden non-finite value never meets a
