@@ -12,9 +12,11 @@ kv_cache_config cache_config(const decode_shape& shape) {
   config.num_kv_heads = shape.kv_heads;
   config.head_dim = shape.head_dim;
   config.block_size = shape.block_size;
-  std::size_t tokens = 0;
-  for (std::size_t past : shape.pasts) tokens += past + 1 + kv_cache_default_block_size;
-  config.capacity_bytes = tokens * 2 * shape.kv_heads * ((shape.head_dim + 31) / 32 * 32) * sizeof(float);
+  config.dtype = shape.dtype;
+  const std::size_t block_size = shape.block_size != 0 ? shape.block_size : kv_cache_default_block_size;
+  std::size_t blocks = 0;
+  for (std::size_t past : shape.pasts) blocks += (past + 1 + block_size - 1) / block_size;
+  config.capacity_bytes = blocks * kv_cache_block_bytes(config);
   return config;
 }
 

@@ -4,11 +4,18 @@
 //   S1_decode_gqa/threads:<t>       32/8 heads, past 4096, 5 sequences;
 //   S4_decode_mqa/threads:<t>       32/1 heads, past 8192, 16 sequences;
 //   S5_decode_ragged16/threads:<t>  16 sequences of pasts 256..4096, one call;
-//   decode_block_size/block:<b>/threads:1  S1 over caches of block size b
-//       (256-token blocks are read in place, smaller ones are copied into one
-//       256-key chunk first).
-// Counters: gbps = K/V bytes read per call, gflops = 4 H d (past + 1), and
-// pct_dram, except S4 (each K/V byte serves 32 query heads): pct_peak.
+//   S1_decode_gqa_<dtype>/threads:<t>, S4_decode_mqa_<dtype>/threads:<t>,
+//   S5_decode_ragged16_<dtype>/threads:<t>  the same over a cache of dtype
+//       bf16, f16 or int8 (the names without a dtype are f32);
+//   decode_block_size/block:<b>/threads:1, decode_block_size_bf16/...  S1
+//       over f32 (bf16) caches of block size b (every block size is read in
+//       place).
+// Counters: gbps = K/V bytes read per call (stored elements, plus int8's
+// scales), gflops = 4 H d (past + 1), and pct_dram, except S4 (each K/V byte
+// serves 32 query heads): pct_peak.
+#include <string>
+#include <utility>
+
 #include <tbb/task_arena.h>
 
 #include "bench/bench_util.hpp"
@@ -36,35 +43,60 @@ using kvhead::bench::bound_by;
 using kvhead::bench::decode_shape;
 using kvhead::bench::run_cached_decode;
 
-void s1_decode_gqa(benchmark::State& state) {
-  run_cached_decode(state, kvhead::bench::s1_decode_gqa(), bound_by::dram_read, int(state.range(0)));
+decode_shape with_dtype(decode_shape shape, kvhead::kv_dtype dtype) {
+  shape.dtype = dtype;
+  return shape;
+}
+
+// range(0): threads.
+void s1_decode_gqa(benchmark::State& state, kvhead::kv_dtype dtype) {
+  run_cached_decode(state, with_dtype(kvhead::bench::s1_decode_gqa(), dtype), bound_by::dram_read, int(state.range(0)));
 }
 
 // Each K/V byte serves 32 query heads: compute-bound.
-void s4_decode_mqa(benchmark::State& state) {
-  run_cached_decode(state, kvhead::bench::s4_decode_mqa(), bound_by::fma_peak, int(state.range(0)));
+void s4_decode_mqa(benchmark::State& state, kvhead::kv_dtype dtype) {
+  run_cached_decode(state, with_dtype(kvhead::bench::s4_decode_mqa(), dtype), bound_by::fma_peak, int(state.range(0)));
 }
 
-void s5_decode_ragged16(benchmark::State& state) {
-  run_cached_decode(state, kvhead::bench::s5_decode_ragged16(), bound_by::dram_read, int(state.range(0)));
+void s5_decode_ragged16(benchmark::State& state, kvhead::kv_dtype dtype) {
+  run_cached_decode(state, with_dtype(kvhead::bench::s5_decode_ragged16(), dtype), bound_by::dram_read,
+                    int(state.range(0)));
 }
 
-void decode_block_size(benchmark::State& state) {
-  decode_shape shape = kvhead::bench::s1_decode_gqa();
+// range(0): block size, range(1): threads.
+void decode_block_size(benchmark::State& state, kvhead::kv_dtype dtype) {
+  decode_shape shape = with_dtype(kvhead::bench::s1_decode_gqa(), dtype);
   shape.block_size = std::size_t(state.range(0));
   run_cached_decode(state, shape, bound_by::dram_read, int(state.range(1)));
 }
 
-}  // namespace
+// "<name>" for f32, "<name>_<dtype>" for the others.
+std::string dtype_name(const char* name, kvhead::kv_dtype dtype) {
+  return dtype == kvhead::kv_dtype::f32 ? std::string(name) : std::string(name) + "_" + kvhead::to_string(dtype);
+}
 
-BENCHMARK(decode_block_size)
-    ->Name("decode_block_size")
-    ->ArgNames({"block", "threads"})
-    ->Args({32, 1})
-    ->Args({64, 1})
-    ->Args({128, 1})
-    ->Args({256, 1})
-    ->UseRealTime();
-BENCHMARK(s1_decode_gqa)->Name("S1_decode_gqa")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
-BENCHMARK(s4_decode_mqa)->Name("S4_decode_mqa")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
-BENCHMARK(s5_decode_ragged16)->Name("S5_decode_ragged16")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
+constexpr kvhead::kv_dtype dtypes[] = {kvhead::kv_dtype::f32, kvhead::kv_dtype::bf16, kvhead::kv_dtype::f16,
+                                       kvhead::kv_dtype::int8};
+
+const bool registered = [] {
+  for (const kvhead::kv_dtype dtype : {kvhead::kv_dtype::f32, kvhead::kv_dtype::bf16}) {
+    auto* bench =
+        benchmark::RegisterBenchmark(dtype_name("decode_block_size", dtype).c_str(), decode_block_size, dtype);
+    bench->ArgNames({"block", "threads"})->UseRealTime();
+    for (const std::int64_t block : {16, 32, 64, 128, 256}) bench->Args({block, 1});
+  }
+  using decode_function = void (*)(benchmark::State&, kvhead::kv_dtype);
+  const std::pair<const char*, decode_function> shapes[] = {{"S1_decode_gqa", &s1_decode_gqa},
+                                                            {"S4_decode_mqa", &s4_decode_mqa},
+                                                            {"S5_decode_ragged16", &s5_decode_ragged16}};
+  for (const auto& [name, function] : shapes)
+    for (const kvhead::kv_dtype dtype : dtypes)
+      benchmark::RegisterBenchmark(dtype_name(name, dtype).c_str(), function, dtype)
+          ->ArgNames({"threads"})
+          ->Arg(1)
+          ->Arg(2)
+          ->UseRealTime();
+  return true;
+}();
+
+}  // namespace

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
+#include "kvhead/config.hpp"
 
 namespace kvhead::bench {
 
@@ -28,6 +29,7 @@ struct decode_shape {
   std::vector<std::size_t> pasts;  // one sequence each: past + 1 cached keys
   std::size_t per_call = 1;        // sequences per call; calls rotate over pasts.size() / per_call groups
   std::size_t block_size = 0;      // cache tokens per block, 0: the cache's default
+  kv_dtype dtype = kv_dtype::f32;  // how the cache stores K/V
 
   std::size_t calls() const { return pasts.size() / per_call; }
   // The sequences of the first call only (the same data: inputs are seeded per sequence).
@@ -38,7 +40,12 @@ struct decode_shape {
   }
   // Per call, averaged over the rotation.
   double flops_per_call() const { return 4.0 * double(heads * head_dim) * keys() / double(calls()); }
-  double bytes_per_call() const { return 2.0 * double(kv_heads * head_dim) * sizeof(float) * keys() / double(calls()); }
+  // K/V bytes read: the stored elements (and, for int8, one fp32 scale per key and kv head for each of K, V).
+  double bytes_per_call() const {
+    const double element = dtype == kv_dtype::f32 ? 4.0 : dtype == kv_dtype::int8 ? 1.0 : 2.0;
+    const double scales = dtype == kv_dtype::int8 ? 2.0 * double(kv_heads) * sizeof(float) : 0.0;
+    return (2.0 * double(kv_heads * head_dim) * element + scales) * keys() / double(calls());
+  }
 
  private:
   double keys() const {

@@ -1,4 +1,5 @@
-# Fails when an ISA object (engine/arch/<isa>.cpp, built with that ISA's flags)
+# Fails when an ISA object (engine/arch/<isa>.cpp or engine/gemm/kernels_<isa>.cpp,
+# built with that ISA's flags)
 # defines a weak or unique function that is not one of kvhead's own kernels
 # for that ISA. Such a function (std::copy, an xsimd helper, any inline
 # function or template instantiated there) has copies in other objects built
@@ -17,10 +18,10 @@ set(arch_of_sse2 "xsimd::sse2")
 set(checked 0)
 set(problems "")
 foreach(object IN LISTS OBJECTS)
-  if(NOT object MATCHES "/arch/(avx512|avx2|sse2)\\.cpp\\.o$")
+  if(NOT object MATCHES "/(arch/|gemm/kernels_)(avx512|avx2|sse2)\\.cpp\\.o$")
     continue()
   endif()
-  set(arch "${arch_of_${CMAKE_MATCH_1}}")
+  set(arch "${arch_of_${CMAKE_MATCH_2}}")
   math(EXPR checked "${checked} + 1")
   execute_process(COMMAND readelf --wide --syms --demangle "${object}"
                   OUTPUT_VARIABLE symbols RESULT_VARIABLE status)
@@ -53,7 +54,7 @@ foreach(object IN LISTS OBJECTS)
   message(STATUS "${object}: ${kernels} weak ${arch} kernel functions, nothing else")
 endforeach()
 if(checked EQUAL 0)
-  message(FATAL_ERROR "no ISA object (arch/avx512|avx2|sse2.cpp.o) among: ${OBJECTS}")
+  message(FATAL_ERROR "no ISA object (arch/<isa>.cpp.o, gemm/kernels_<isa>.cpp.o) among: ${OBJECTS}")
 endif()
 if(problems)
   message(FATAL_ERROR "weak functions in ISA objects that other objects may also define:${problems}")

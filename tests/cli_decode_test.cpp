@@ -5,7 +5,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/io/npy.hpp"
@@ -85,6 +87,39 @@ TEST_CASE("decode_bit_identical_across_cache_blocks") {
       {"--weights", weights, "--input", input, "--heads", "4", "--causal", "--rope-theta", "10000"});
 }
 
+TEST_CASE("decode_kv_dtype_same_bits_for_any_chunk_and_threads_close_to_f32") {
+  // GQA with RoPE; for each compressed dtype the output is the same for any
+  // --chunk and --threads, and within the dtype's accuracy ceiling of the
+  // f32 result (kv_cache.hpp: bf16 1e-2, f16 2e-3, int8 3e-2).
+  scratch_dir dir;
+  const std::vector<std::string> flags = causal_flags("gqa_causal_rope");
+  const std::string f32 = dir.file("f32.npy");
+  expect_clean_success(join({"decode", "--output", f32, "--kv-dtype", "f32"}, flags));
+  const io::npy_array reference = io::read_npy(f32);
+  float reference_max = 0.0f;
+  for (const float value : reference.values) reference_max = std::max(reference_max, std::fabs(value));
+  for (const auto& dtype_ceiling : {std::pair{"bf16", 1e-2}, std::pair{"f16", 2e-3}, std::pair{"int8", 3e-2}}) {
+    const std::string dtype = dtype_ceiling.first;
+    const double ceiling = dtype_ceiling.second;
+    CAPTURE(dtype);
+    const std::string one = dir.file(dtype + "-1.npy"), seven = dir.file(dtype + "-7.npy");
+    expect_clean_success(join(join({"decode", "--output", one, "--kv-dtype", dtype}, flags), {"--threads", "2"}));
+    expect_clean_success(join(join({"decode", "--output", seven, "--kv-dtype", dtype}, flags), {"--chunk", "7"}));
+    CHECK(read_bytes(one) == read_bytes(seven));
+    const io::npy_array decoded = io::read_npy(one);
+    REQUIRE(decoded.values.size() == reference.values.size());
+    double difference = 0.0;
+    for (std::size_t i = 0; i < decoded.values.size(); ++i)
+      difference = std::max(difference, std::fabs(double(decoded.values[i]) - double(reference.values[i])));
+    CHECK(difference / reference_max <= ceiling);
+  }
+  CHECK(read_bytes(f32) == [&] {
+    const std::string run = dir.file("run.npy");
+    expect_clean_success(join({"run", "--output", run}, flags));
+    return read_bytes(run);
+  }());
+}
+
 TEST_CASE("decode_causal_flag_is_implied") {
   scratch_dir dir;
   const std::vector<std::string> flags = {"--weights",    golden("gqa_causal_rope", "weights.safetensors"),
@@ -135,6 +170,14 @@ TEST_CASE("decode_chunk_must_be_a_positive_number") {
   }
   expect_decode_failure(join(causal_flags("mqa_causal"), {"--chunk", "0"}), exit_usage, {"--chunk", "'0'"});
   expect_decode_failure(join(causal_flags("mqa_causal"), {"--chunk"}), exit_usage, {"--chunk needs a value"});
+}
+
+TEST_CASE("decode_kv_dtype_must_be_known") {
+  for (const char* text : {"fp8", "F16", "", "float"})
+    expect_decode_failure(join(causal_flags("mqa_causal"), {std::string("--kv-dtype=") + text}), exit_usage,
+                          {"--kv-dtype"});
+  expect_decode_failure(join(causal_flags("mqa_causal"), {"--kv-dtype", "q4"}), exit_usage, {"--kv-dtype", "'q4'"});
+  expect_decode_failure(join(causal_flags("mqa_causal"), {"--kv-dtype", "all"}), exit_usage, {"--kv-dtype", "'all'"});
 }
 
 TEST_CASE("decode_run_errors") {

@@ -128,6 +128,48 @@ TEST_CASE("demo_check_across_a_cache_block_boundary") {
   CHECK(mentions(result.out, "6 of 6 block(s) in use"));
 }
 
+TEST_CASE("demo_kv_dtype_prints_bytes_per_token_and_all_prints_the_table") {
+  // 300 + 40 tokens (a second 256-token block), GQA 4:2, head_dim 16, 2 layers.
+  const std::vector<std::string> model = {"--layers",   "2",  "--d-model", "64",  "--heads",  "4",  "--kv-heads", "2",
+                                          "--head-dim", "16", "--prompt",  "300", "--tokens", "40", "--threads",  "1"};
+  const cli_result bf16 = run_kvhead(with(with({"demo"}, model), {"--kv-dtype", "bf16"}));
+  INFO("stdout: " << bf16.out);
+  INFO("stderr: " << bf16.err);
+  CHECK(bf16.exit_code == 0);
+  // 2 layers x 2 kv heads x (K + V) x 32 padded dims x 2 bytes.
+  CHECK(mentions(bf16.out, "KV cache: bf16, 512 bytes per token"));
+  CHECK(mentions(bf16.out, "cached (bf16 K/V) and recomputed (f32, no cache) outputs"));
+  CHECK(mentions(bf16.out, "tokens/s"));
+
+  const cli_result all = run_kvhead(with(with({"demo"}, model), {"--kv-dtype", "all"}));
+  INFO("stdout: " << all.out);
+  CHECK(all.exit_code == 0);
+  CHECK(mentions(all.out, "cached and recomputed outputs: identical"));  // the f32 run keeps its check
+  const std::vector<std::string> text = lines(all.out);
+  const auto header = std::find_if(text.begin(), text.end(), [](const std::string& line) {
+    return mentions(line, "dtype") && mentions(line, "tokens/s") && mentions(line, "cache MiB");
+  });
+  REQUIRE(header != text.end());
+  REQUIRE(text.end() - header >= 5);
+  // dtype, tokens/s, bytes/token, cache MiB, max |diff| relative; f32 first (difference 0).
+  const char* names[] = {"f32", "bf16", "f16", "int8"};
+  const double ceilings[] = {0.0, 1e-2, 2e-3, 3e-2};
+  const std::size_t bytes[] = {1024, 512, 512, 256 + 32};
+  for (std::size_t i = 0; i < 4; ++i) {
+    std::istringstream row(header[std::ptrdiff_t(i + 1)]);
+    std::string name;
+    double tokens_per_second = 0.0, mib = 0.0, difference = -1.0;
+    std::size_t bytes_per_token = 0;
+    row >> name >> tokens_per_second >> bytes_per_token >> mib >> difference;
+    CAPTURE(name);
+    CHECK(name == names[i]);
+    CHECK(tokens_per_second > 0.0);
+    CHECK(bytes_per_token == bytes[i]);
+    CHECK(difference >= 0.0);
+    CHECK(difference <= ceilings[i]);
+  }
+}
+
 TEST_CASE("kernels_runs") {
   const cli_result result = run_kvhead({"kernels", "--threads", "2"});
   INFO("stderr: " << result.err);
@@ -163,6 +205,9 @@ TEST_CASE("demo_usage_errors") {
       {{"--csv"}, "--csv needs a value"},
       {{"--csv="}, "--csv"},
       {{"--weights", "w"}, "--weights"},
+      {{"--kv-dtype", "fp8"}, "--kv-dtype needs f32, bf16, f16, int8 or all, got 'fp8'"},
+      {{"--kv-dtype", "ALL"}, "--kv-dtype"},
+      {{"--kv-dtype"}, "--kv-dtype needs a value"},
       {{"extra"}, "'extra'"},
   };
   for (const bad& c : cases) {

@@ -202,7 +202,79 @@ TEST_CASE("pack_b_offset addresses the packed layout of packed_b, every path") {
       const packed_b packed(shape.k, shape.n, {b.data(), shape.n, transpose::no}, path);
       for (std::size_t row = 0; row < shape.k; ++row)
         for (std::size_t col = 0; col < shape.n; ++col)
-          CHECK(packed.view().panels[pack_b_offset(config, shape.k, shape.n, row, col)] == b[row * shape.n + col]);
+          CHECK(static_cast<const float*>(packed.view().panels)[pack_b_offset(config, shape.k, shape.n, row, col)] ==
+                b[row * shape.n + col]);
     }
   }
+}
+
+namespace {
+
+std::vector<float> seeded_floats(std::size_t count, unsigned seed) {
+  std::mt19937 generator(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(count);
+  for (float& value : values) value = normal(generator);
+  return values;
+}
+
+bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("gemm over a paged B: the bits of one packed B, pages along n or along k, every path") {
+  for (simd_path path : kvhead::supported_simd_paths())
+    for (const std::size_t page : {std::size_t{16}, std::size_t{32}, std::size_t{64}})
+      for (const std::size_t pages : {std::size_t{1}, std::size_t{3}, std::size_t{4}})
+        for (const std::size_t m : {std::size_t{1}, std::size_t{4}, std::size_t{7}, std::size_t{13}})
+          for (const std::size_t other : {std::size_t{1}, std::size_t{17}, std::size_t{40}, std::size_t{300}}) {
+            CAPTURE(std::string(kvhead::to_string(path)));
+            CAPTURE(page);
+            CAPTURE(pages);
+            CAPTURE(m);
+            CAPTURE(other);
+            const std::size_t paged = page * pages;
+            // Along n: B is k x (pages * page), k = other (several KC blocks at 300).
+            {
+              const std::size_t k = other, n = paged, used_n = n - page / 2;
+              const std::vector<float> a = seeded_floats(m * k, 1), b = seeded_floats(k * n, 2);
+              const packed_b whole(k, n, {b.data(), n, transpose::no}, path);
+              std::vector<packed_b> parts;
+              std::vector<const void*> addresses;
+              for (std::size_t p = 0; p < pages; ++p) {
+                parts.emplace_back(k, page, gemm_operand{b.data() + p * page, n, transpose::no}, path);
+                addresses.push_back(parts.back().view().panels);
+              }
+              std::vector<float> expected(m * used_n), got(m * used_n);
+              gemm({m, used_n, k}, 0.5f, {a.data(), k, transpose::no}, whole.view(), 0.0f, expected.data(), used_n);
+              gemm({m, used_n, k}, 0.5f, {a.data(), k, transpose::no},
+                   paged_b_view{addresses.data(), page, false, k, n, path}, 0.0f, got.data(), used_n);
+              CHECK(same_floats(got, expected));
+            }
+            // Along k: B is (pages * page) x n, n = other, depth up to KC.
+            if (paged <= 256) {
+              const std::size_t k = paged, n = other, used_k = k - page / 2;
+              const std::vector<float> a = seeded_floats(m * k, 3), b = seeded_floats(k * n, 4);
+              const packed_b whole(k, n, {b.data(), n, transpose::no}, path);
+              std::vector<packed_b> parts;
+              std::vector<const void*> addresses;
+              for (std::size_t p = 0; p < pages; ++p) {
+                parts.emplace_back(page, n, gemm_operand{b.data() + p * page * n, n, transpose::no}, path);
+                addresses.push_back(parts.back().view().panels);
+              }
+              std::vector<float> expected(m * n), got(m * n, std::numeric_limits<float>::quiet_NaN());
+              gemm({m, n, used_k}, 1.0f, {a.data(), k, transpose::no}, whole.view(), 0.0f, expected.data(), n);
+              gemm({m, n, used_k}, 1.0f, {a.data(), k, transpose::no},
+                   paged_b_view{addresses.data(), page, true, k, n, path}, 0.0f, got.data(), n);
+              CHECK(same_floats(got, expected));
+            }
+          }
+  const float a = 1.0f, b = 1.0f;
+  const void* page = &b;
+  float c = 0.0f;
+  CHECK_THROWS_WITH_AS(gemm({1, 1, 1}, 2.0f, {&a, 1, transpose::no},
+                            paged_b_view{&page, 1, true, 1, 1, kvhead::active_simd_path()}, 0.0f, &c, 1),
+                       doctest::Contains("alpha 1 and beta 0"), std::invalid_argument);
 }

@@ -571,7 +571,7 @@ TEST_CASE("kv_cache: invalid configurations throw std::invalid_argument naming t
   config = good;
   config.head_dim = 0;
   rejected(config, "head_dim");
-  for (const std::size_t block_size : {1, 16, 31, 33, 48, 96, 255, 257, 512, 1024}) {
+  for (const std::size_t block_size : {1, 8, 15, 17, 31, 33, 48, 96, 255, 257, 512, 1024}) {
     config = good;
     config.block_size = block_size;
     config.capacity_bytes = size_max / 2;  // the block size is checked before any allocation

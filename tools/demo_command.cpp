@@ -13,7 +13,7 @@
 //
 // Passes (B sequences of a P-token random prompt, N(0, 1) embeddings):
 //   1. flags;
-//   2. one kv_cache with num_layers = L, sized for B sequences of P + T
+//   2. one kv_cache with num_layers = L, of --kv-dtype, sized for B sequences of P + T
 //      tokens; layers and prompt from the seed (fill_normal streams);
 //   3. prefill: append(seq, P) for each sequence, then one batched forward
 //      per layer over the cache (B * P rows);
@@ -22,8 +22,11 @@
 //   5. the last S = min(16, T) steps again WITHOUT a cache: per step the
 //      whole prefix (B sequences of position + 1 tokens) through the
 //      cache-free causal forward of every layer, feeding its own outputs
-//      back; its outputs must equal the cached ones bit for bit;
+//      back; with an f32 cache its outputs must equal the cached ones bit
+//      for bit (other dtypes: the difference is reported);
 //   6. summary, and the --csv file of per-token latencies.
+// --kv-dtype all runs 2-6 once per dtype, then prints a table comparing the
+// runs' decoded outputs with the f32 run's.
 #include "tools/demo_command.hpp"
 
 #include <unistd.h>
@@ -55,6 +58,7 @@
 #include "kvhead/kv_cache.hpp"
 #include "tools/cache_sizing.hpp"
 #include "tools/cli_args.hpp"
+#include "tools/kv_dtype_flag.hpp"
 #include "tools/layer_job.hpp"
 
 namespace kvhead::tools {
@@ -73,12 +77,13 @@ struct demo_options {
   std::size_t prompt = 256, tokens = 256, batch = 1, threads = 1;
   std::uint64_t seed = 42;
   std::optional<std::string> csv;
+  std::vector<kv_dtype> dtypes = {kv_dtype::f32};  // one run each (--kv-dtype all: every dtype)
 };
 
 constexpr flag_spec demo_flags[] = {
     {"--layers", true},   {"--d-model", true}, {"--heads", true},  {"--kv-heads", true},
     {"--head-dim", true}, {"--prompt", true},  {"--tokens", true}, {"--batch", true},
-    {"--threads", true},  {"--seed", true},    {"--csv", true},
+    {"--threads", true},  {"--seed", true},    {"--csv", true},    {"--kv-dtype", true},
 };
 
 // ------------------------------------------------------------------ 1. flags
@@ -106,6 +111,12 @@ demo_options parse_demo_options(const parsed_flags& flags) {
       flags.count("--threads", max_threads).value_or(std::size_t(std::max(1, tbb::info::default_concurrency())));
   if (const std::optional<std::string> seed = flags.value("--seed")) o.seed = parse_seed(*seed);
   if (flags.has("--csv")) o.csv = flags.required("--csv");
+  if (const std::optional<std::string> dtype = flags.value("--kv-dtype")) {
+    if (*dtype == "all")
+      o.dtypes.assign(std::begin(kv_dtypes), std::end(kv_dtypes));
+    else
+      o.dtypes = {parse_kv_dtype(*dtype, "all")};
+  }
   if (o.heads % o.kv_heads != 0)
     throw usage_error("--kv-heads " + std::to_string(o.kv_heads) + (flags.has("--kv-heads") ? "" : " (the default)") +
                       " must divide --heads " + std::to_string(o.heads));
@@ -295,16 +306,18 @@ void write_text_atomically(const std::string& path, const std::string& text) {
 
 // --------------------------------------------------------------- the demo
 
-int run_demo(const demo_options& o) {
-  const simd_path path = active_simd_path();  // KVHEAD_ISA errors first
-  if (o.csv) check_output_path(*o.csv);
+/// What one decode run leaves for the --kv-dtype all table.
+struct demo_run {
+  kv_dtype dtype;
+  double decode_tokens_per_second;
+  std::size_t bytes_per_token, bytes_in_use;
+  std::vector<float> decoded;  // every decode step's output rows [T, B, D]
+};
 
+/// Passes 2-6 over a cache of `dtype`.
+demo_run run_one(const demo_options& o, kv_dtype dtype, simd_path path, tbb::task_arena& arena) {
   const std::size_t B = o.batch, P = o.prompt, T = o.tokens, D = o.d_model, context = P + T;
   const std::size_t S = std::min(window, T);
-
-  const tbb::global_control allow(tbb::global_control::max_allowed_parallelism,
-                                  std::max(o.threads, std::size_t(std::max(1, tbb::info::default_concurrency()))));
-  tbb::task_arena arena(int(o.threads));
 
   // 2. Cache, prompt, layers (allocations first: a size too large fails
   // before any output). history[b][p] is the input row of position p of
@@ -313,6 +326,7 @@ int run_demo(const demo_options& o) {
   geometry.num_layers = o.layers;
   geometry.num_kv_heads = o.kv_heads;
   geometry.head_dim = o.head_dim;
+  geometry.dtype = dtype;
   kv_cache cache = make_sized_cache(geometry, B, context);
   const std::size_t history_rows = context + 1;
   std::vector<float> history(floats_for({B, history_rows, D}));
@@ -327,9 +341,11 @@ int run_demo(const demo_options& o) {
       o.layers, D, o.heads, o.kv_heads, o.head_dim, rope_theta, D, (unsigned long long)o.seed);
   std::printf("run:    %zu sequence(s): prompt %zu random tokens (N(0, 1) embeddings), then %zu decoded tokens\n", B, P,
               T);
-  std::printf("        KV cache: %zu block(s) of %zu tokens x %zu layers, %s each (%s pool)\n", cache.total_blocks(),
-              cache.config().block_size, o.layers, format_bytes(cache.block_bytes()).c_str(),
-              format_bytes(cache.total_blocks() * cache.block_bytes()).c_str());
+  std::printf(
+      "        KV cache: %s, %zu bytes per token (all layers); %zu block(s) of %zu tokens x %zu layers,\n"
+      "        %s each (%s pool)\n",
+      to_string(dtype), cache.bytes_per_token(), cache.total_blocks(), cache.config().block_size, o.layers,
+      format_bytes(cache.block_bytes()).c_str(), format_bytes(cache.total_blocks() * cache.block_bytes()).c_str());
   std::fflush(stdout);
 
   std::optional<stack> model;
@@ -367,7 +383,7 @@ int run_demo(const demo_options& o) {
   // 4. Decode, one token per sequence per step. The last S steps keep the
   // stack's output rows (before the final rmsnorm) for the check in 5.
   std::vector<double> latency(T);
-  std::vector<float> cached_outputs(floats_for({S, B, D}));
+  std::vector<float> decoded(floats_for({T, B, D}));
   {
     progress_line progress(::isatty(::fileno(stdout)) == 1);
     std::vector<float> h(floats_for({B, D}));
@@ -386,7 +402,7 @@ int run_demo(const demo_options& o) {
       });
       latency[step] = seconds_since(start);
       elapsed += latency[step];
-      if (step >= T - S) std::memcpy(&cached_outputs[(step - (T - S)) * B * D], h.data(), B * D * sizeof(float));
+      std::memcpy(&decoded[step * B * D], h.data(), B * D * sizeof(float));
       const std::size_t done = step + 1;
       progress.show(
           format("decode %zu/%zu tokens x %zu seq | %.1f tokens/s | last token %.2f ms | KV cache %s", done, T, B,
@@ -428,7 +444,7 @@ int run_demo(const demo_options& o) {
       });
       recompute_latency[i] = seconds_since(start);
       for (std::size_t b = 0; b < B; ++b) {
-        compare(h.data() + (b * seq + seq - 1) * D, &cached_outputs[(i * B + b) * D]);
+        compare(h.data() + (b * seq + seq - 1) * D, &decoded[((T - S + i) * B + b) * D]);
         compare(own_row(b, seq), row(b, seq));
       }
     }
@@ -450,15 +466,23 @@ int run_demo(const demo_options& o) {
       "  latency   per token step (%zu seq): median %.2f ms over the first %zu (positions %zu-%zu),\n"
       "            %.2f ms over the last %zu (positions %zu-%zu)\n",
       B, median(early) * 1e3, S, P, P + S - 1, median(late) * 1e3, S, first, context - 1);
-  std::printf("  KV cache  %zu of %zu block(s) in use (%zu tokens x %zu layers each), %s (%s per block)\n",
-              blocks_in_use, cache.total_blocks(), cache.config().block_size, o.layers,
-              format_bytes(cache.bytes_in_use()).c_str(), format_bytes(cache.block_bytes()).c_str());
+  std::printf(
+      "  KV cache  %s, %zu bytes per token; %zu of %zu block(s) in use (%zu tokens x %zu layers each),\n"
+      "            %s (%s per block)\n",
+      to_string(dtype), cache.bytes_per_token(), blocks_in_use, cache.total_blocks(), cache.config().block_size,
+      o.layers, format_bytes(cache.bytes_in_use()).c_str(), format_bytes(cache.block_bytes()).c_str());
   std::printf(
       "  no cache  the last %zu steps (positions %zu-%zu) recomputing the whole prefix per token:\n"
       "            %.2f ms per step vs %.2f ms cached: %.1fx speed-up with the cache\n",
       S, first, context - 1, recompute_stretch / double(S) * 1e3, cached_stretch / double(S) * 1e3,
       recompute_stretch / cached_stretch);
-  if (differing == 0)
+  const bool exact = dtype == kv_dtype::f32;
+  if (!exact)
+    std::printf(
+        "  check     cached (%s K/V) and recomputed (f32, no cache) outputs: %zu of %zu values differ,\n"
+        "            max |diff| %g (the cache rounds K/V: not bit-identical by design)\n",
+        to_string(dtype), differing, compared, double(max_difference));
+  else if (differing == 0)
     std::printf(
         "  check     cached and recomputed outputs: identical, bit for bit (%zu tokens x %zu seq;\n"
         "            the last layer's output rows and the fed-back inputs, %zu floats)\n",
@@ -474,9 +498,47 @@ int run_demo(const demo_options& o) {
       for (std::size_t b = 0; b < B; ++b) text += format("%zu,%zu,%.4f\n", b, P + step, latency[step] * 1e3);
     write_text_atomically(*o.csv, text);
   }
-  if (differing != 0)
+  if (exact && differing != 0)
     throw std::runtime_error("the cached decode and the recomputed one differ in " + std::to_string(differing) +
                              " values (an engine bug)");
+  return {dtype, double(B * T) / decode_seconds, cache.bytes_per_token(), cache.bytes_in_use(), std::move(decoded)};
+}
+
+int run_demo(const demo_options& o) {
+  const simd_path path = active_simd_path();  // KVHEAD_ISA errors first
+  if (o.csv) check_output_path(*o.csv);
+  const tbb::global_control allow(tbb::global_control::max_allowed_parallelism,
+                                  std::max(o.threads, std::size_t(std::max(1, tbb::info::default_concurrency()))));
+  tbb::task_arena arena(int(o.threads));
+  std::vector<demo_run> runs;
+  for (const kv_dtype dtype : o.dtypes) {
+    if (!runs.empty()) std::printf("\n");
+    // The --csv file holds the first run's latencies (f32 with --kv-dtype all).
+    demo_options run_options = o;
+    if (!runs.empty()) run_options.csv.reset();
+    runs.push_back(run_one(run_options, dtype, path, arena));
+  }
+  if (runs.size() > 1) {
+    // The same decode per dtype: every dtype's decoded outputs against the f32 run's.
+    const std::vector<float>& reference = runs.front().decoded;
+    float reference_max = 0.0f;
+    for (const float value : reference) reference_max = std::max(reference_max, std::fabs(value));
+    std::printf("\nkv dtypes: the same decode (%zu x %zu tokens after a %zu-token prompt) per cache dtype\n", o.batch,
+                o.tokens, o.prompt);
+    std::printf("  %-6s %12s %14s %10s %26s\n", "dtype", "tokens/s", "bytes/token", "cache MiB",
+                "max|diff| / max|f32 out|");
+    for (const demo_run& run : runs) {
+      float difference = 0.0f;
+      for (std::size_t i = 0; i < reference.size(); ++i) {
+        const float d = std::fabs(run.decoded[i] - reference[i]);
+        difference = std::isnan(d) ? d : std::max(difference, d);
+      }
+      std::printf("  %-6s %12.1f %14zu %10.2f %26.3g\n", to_string(run.dtype), run.decode_tokens_per_second,
+                  run.bytes_per_token, double(run.bytes_in_use) / double(1 << 20),
+                  reference_max > 0.0f ? double(difference / reference_max) : double(difference));
+    }
+    std::fflush(stdout);
+  }
   return exit_ok;
 }
 
@@ -497,7 +559,7 @@ std::string demo_help_text() {
          "\n"
          "usage: kvhead demo [--layers L] [--d-model D] [--heads H] [--kv-heads G] [--head-dim d]\n"
          "                   [--prompt P] [--tokens T] [--batch B] [--threads N] [--seed S]\n"
-         "                   [--csv FILE]\n"
+         "                   [--csv FILE] [--kv-dtype f32|bf16|f16|int8|all]\n"
          "\n"
          "  --layers L      attention layers, default 4 (at most 1024).\n"
          "  --d-model D     model width, default 2048; need not equal H * d.\n"
@@ -511,11 +573,19 @@ std::string demo_help_text() {
          "  --seed S        seed of the weights and the prompt, 0 to 2^64-1, default 42.\n"
          "  --csv FILE      also write seq,position,latency_ms: a header line, then one row per\n"
          "                  decoded token per sequence (written at the end, atomically).\n"
+         "  --kv-dtype T    how the cache stores K and V: f32 (default), bf16, f16 or int8 (one\n"
+         "                  scale per token and kv head); the run prints the bytes per token.\n"
+         "                  Other than f32 the no-cache check reports the difference instead of\n"
+         "                  requiring identical bits. all: the same decode once per dtype, then a\n"
+         "                  table of tokens/s, bytes per token, cache MiB in use and the max |diff|\n"
+         "                  of the decoded outputs from the f32 run relative to its max (--csv: the\n"
+         "                  f32 run's latencies).\n"
          "  --help, -h      print this help and exit 0.\n"
          "\n"
          "exit status: 0 success; 1 an error (KVHEAD_ISA, a --csv that cannot be written, out of\n"
          "memory, cached and recomputed outputs differing); 2 usage error (unknown flag, a value\n"
-         "that is not a positive whole number or above its limit, G not dividing H, odd d).\n"
+         "that is not a positive whole number or above its limit, G not dividing H, odd d, an\n"
+         "unknown --kv-dtype).\n"
          "Any failure prints one line on stderr.\n";
 }
 

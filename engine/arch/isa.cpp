@@ -30,6 +30,13 @@ std::uint64_t os_enabled_state() {
   return (std::uint64_t{high} << 32) | low;
 }
 
+// F16C (CPUID.1:ECX bit 29): the avx2 path's GEMM kernels widen f16 with it.
+bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  constexpr unsigned f16c_bit = 1u << 29;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & f16c_bit) != 0;
+}
+
 bool path_runs_here(simd_path path) {
   const auto cpu = xsimd::available_architectures();
   const std::uint64_t xcr0 = os_enabled_state();
@@ -40,7 +47,7 @@ bool path_runs_here(simd_path path) {
     case simd_path::avx512:
       return cpu.avx512bw && avx_enabled && (xcr0 & avx512_state) == avx512_state;
     case simd_path::avx2:
-      return cpu.fma3_avx2 && avx_enabled;
+      return cpu.fma3_avx2 && has_f16c() && avx_enabled;
     case simd_path::sse2:
       return true;
   }

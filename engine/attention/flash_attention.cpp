@@ -19,14 +19,35 @@ namespace {
 
 std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
 
+// Whether one stored element is finite (int8 always is: a non-finite row of
+// an int8 cache has a NaN scale instead, applied to visible keys only).
+bool finite_element(float x) { return std::isfinite(x); }
+bool finite_element(bf16_bits x) { return (x.bits & 0x7f80) != 0x7f80; }
+bool finite_element(f16_bits x) { return (x.bits & 0x7c00) != 0x7c00; }
+
 // True when the first `rows` rows of every panel of a packed V (k x n) are
 // finite (padding lanes included: they are written as zeros).
-bool all_finite(const packed_b_view& values, std::size_t rows) {
+template <class Element>
+bool all_finite_elements(const packed_b_view& values, std::size_t rows) {
   const std::size_t nr = gemm_config_for(values.path).nr;
   for (std::size_t panel = 0; panel < ceil_div(values.n, nr); ++panel) {
-    const float* start = values.panels + panel * values.k * nr;
+    const Element* start = static_cast<const Element*>(values.panels) + panel * values.k * nr;
     for (std::size_t i = 0; i < rows * nr; ++i)
-      if (!std::isfinite(start[i])) return false;
+      if (!finite_element(start[i])) return false;
+  }
+  return true;
+}
+
+bool all_finite(const packed_b_view& values, std::size_t rows) {
+  switch (values.element) {
+    case kv_dtype::f32:
+      return all_finite_elements<float>(values, rows);
+    case kv_dtype::bf16:
+      return all_finite_elements<bf16_bits>(values, rows);
+    case kv_dtype::f16:
+      return all_finite_elements<f16_bits>(values, rows);
+    case kv_dtype::int8:
+      break;
   }
   return true;
 }
@@ -55,11 +76,13 @@ class user_kv_source final : public kv_chunk_source {
                  std::size_t head_dim, simd_path path)
       : packed_(packed), keys_(keys), v_(v), v_seq_stride_(v_seq_stride), head_dim_(head_dim), path_(path) {}
 
-  kv_chunk_view chunk(std::size_t index, float*) const override {
-    const std::size_t key0 = index * kv_chunk, width = std::min(kv_chunk, keys_ - key0);
-    const packed_b_view keys{packed_.keys + index * packed_.key_floats, head_dim_, width, path_};
+  std::size_t segment_keys() const override { return kv_chunk; }
+
+  kv_segment segment(std::size_t chunk, std::size_t) const override {
+    const std::size_t key0 = chunk * kv_chunk, width = std::min(kv_chunk, keys_ - key0);
+    const packed_b_view keys{packed_.keys + chunk * packed_.key_floats, head_dim_, width, path_};
     if (packed_.values != nullptr)
-      return {keys, {packed_.values + index * packed_.value_floats, width, head_dim_, path_}, {}};
+      return {keys, {packed_.values + chunk * packed_.value_floats, width, head_dim_, path_}, {}};
     return {keys, {}, {v_ + key0 * v_seq_stride_, v_seq_stride_, transpose::no}};
   }
 
@@ -111,13 +134,12 @@ std::size_t partial_floats(const attention_tile& tile) { return tile.positions *
 // same buffer of a tile shape and stops growing once the shape has been seen,
 // whichever kind of task the thread happens to run first.
 struct tile_scratch {
-  scratch_lease running, q_rows, scores, partial, assembly;
-  tile_scratch(const attention_tile& tile, const kv_chunk_source& source)
+  scratch_lease running, q_rows, scores, partial;
+  explicit tile_scratch(const attention_tile& tile)
       : running(partial_floats(tile)),
         q_rows(tile.positions * tile.group * tile.head_dim),
         scores(tile.positions * tile.group * kv_chunk),
-        partial(partial_floats(tile)),
-        assembly(source.assembly_floats()) {}
+        partial(partial_floats(tile)) {}
 };
 
 // The tile's query rows, stacked: row i * R + r is position i of head r of the group.
@@ -131,58 +153,92 @@ void gather_queries(const attention_tile& tile, float* q_rows) {
 }
 
 // 2. Chunk `chunk`'s partial of every row: (max, sum) and acc [rows x d].
-// Rows that see no key of the chunk are left as they are (never merged).
+// Rows that see no key of the chunk are left as they are (never merged). The
+// chunk's keys come in segments read in place (one per KV cache block);
+// every element's sums run in the same order whatever the segment size.
 void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, std::size_t chunk, tile_scratch& scratch,
                    float* partial) {
   const std::size_t group = tile.group, head_dim = tile.head_dim, positions = tile.positions;
   const std::size_t rows = positions * group, key0 = chunk * kv_chunk;
   const std::size_t width = std::min(kv_chunk, tile.visible_end(tile.position0 + positions - 1) - key0);
   auto visible = [&](std::size_t position) { return visible_in_chunk(tile, chunk, position); };
-  const kv_chunk_view view = source.chunk(chunk, scratch.assembly.data());
+  const std::size_t segment_keys = source.segment_keys();
+  const std::size_t segments = ceil_div(width, segment_keys);
+  kv_segment views[max_segments_per_chunk];
+  for (std::size_t s = 0; s < segments; ++s) views[s] = source.segment(chunk, s);
   float* const scores = scratch.scores.data();
   float* const max = partial;
   float* const sum = partial + rows;
   float* const acc = partial + 2 * rows;
 
-  // 2a. scores = scale * q kᵀ (+ mask).
-  gemm({rows, width, head_dim}, tile.scale, {scratch.q_rows.data(), head_dim, transpose::no}, view.keys, 0.0f, scores,
+  // 2a. scores = scale * q kᵀ (+ mask), the segments' Kᵀ as the column pages
+  // of one GEMM (each column is computed alone: the same bits as one packed
+  // Kᵀ); int8: times each key's K scale.
+  const void* key_pages[max_segments_per_chunk];
+  const void* value_pages[max_segments_per_chunk];
+  for (std::size_t s = 0; s < segments; ++s) {
+    key_pages[s] = views[s].keys.panels;
+    value_pages[s] = views[s].values.panels;
+  }
+  const packed_b_view& first_keys = views[0].keys;
+  gemm({rows, width, head_dim}, tile.scale, {scratch.q_rows.data(), head_dim, transpose::no},
+       paged_b_view{key_pages, first_keys.n, false, head_dim, width, first_keys.path, first_keys.element}, 0.0f, scores,
        kv_chunk);
+  for (std::size_t s = 0; s < segments && views[s].key_scales != nullptr; ++s) {
+    const std::size_t first = s * segment_keys, keys = std::min(segment_keys, width - first);
+    for (std::size_t row = 0; row < rows; ++row)
+      for (std::size_t j = 0; j < keys; ++j) scores[row * kv_chunk + first + j] *= views[s].key_scales[j];
+  }
   if (tile.additive_mask != nullptr)
     for (std::size_t row = 0; row < rows; ++row) {
       const float* mask_row = tile.additive_mask + (tile.position0 + row / group) * tile.mask_ld + key0;
       for (std::size_t j = 0; j < width; ++j) scores[row * kv_chunk + j] += mask_row[j];
     }
 
-  // 2b. Each row's partial from an empty state over its visible keys.
+  // 2b. Each row's partial from an empty state over its visible keys; int8:
+  // each visible probability times its key's V scale (after the sum, which
+  // stays the softmax's).
   for (std::size_t row = 0; row < rows; ++row) {
     softmax_partial state;
-    online_softmax_block(scores + row * kv_chunk, visible(row / group), state, tile.path);
+    float* const p = scores + row * kv_chunk;
+    online_softmax_block(p, visible(row / group), state, tile.path);
     max[row] = state.max;
     sum[row] = state.sum;
+    if (views[0].value_scales != nullptr)
+      for (std::size_t first = 0, s = 0; first < visible(row / group); first += segment_keys, ++s)
+        for (std::size_t j = 0; j < std::min(segment_keys, visible(row / group) - first); ++j)
+          p[first + j] *= views[s].value_scales[j];
   }
 
   // 2c. acc = p v. Off the causal diagonal every position sees the whole
-  // chunk: one GEMM. On it, positions see different prefixes. When V's rows
-  // there are all finite, hidden probabilities are set to 0 and one GEMM
-  // still runs over the widest prefix: fma(0, v, acc) == acc exactly for
-  // finite v (acc starts at +0 and is never -0), so each row's bits are those
-  // of a GEMM over its own prefix. Otherwise (NaN or Inf in V) runs of
-  // positions with equal prefixes get their own GEMMs, so a hidden non-finite
-  // value never meets a zero probability.
+  // chunk: one GEMM, the segments' V as its row pages (each element's FMA
+  // chain runs on across them). On it, positions see different prefixes.
+  // When V's rows there are all finite, hidden probabilities are set to 0
+  // and the GEMMs still run over the widest prefix: fma(0, v, acc) == acc exactly for finite v (acc starts at +0 and
+  // is never -0), so each row's bits are those of a GEMM over its own
+  // prefix. Otherwise (NaN or Inf in V) runs of positions with equal
+  // prefixes get their own GEMMs, so a hidden non-finite value never meets a
+  // zero probability.
   const std::size_t widest = visible(positions - 1);
-  const bool in_place = view.values_in_place.data != nullptr;
+  const bool in_place = views[0].values_in_place.data != nullptr;  // user V: one segment
+  const packed_b_view& first_values = views[0].values;
+  const paged_b_view paged_values{value_pages,       first_values.k,      true, width, head_dim,
+                                  first_values.path, first_values.element};
   auto multiply_pv = [&](std::size_t first_position, std::size_t end_position, std::size_t depth) {
     const std::size_t row0 = first_position * group;
     const gemm_shape shape{(end_position - first_position) * group, head_dim, depth};
     const gemm_operand probabilities{scores + row0 * kv_chunk, kv_chunk, transpose::no};
     float* const target = acc + row0 * head_dim;
     if (in_place)
-      gemm(shape, 1.0f, probabilities, view.values_in_place, 0.0f, target, head_dim, tile.path);
+      gemm(shape, 1.0f, probabilities, views[0].values_in_place, 0.0f, target, head_dim, tile.path);
     else
-      gemm(shape, 1.0f, probabilities, view.values, 0.0f, target, head_dim);
+      gemm(shape, 1.0f, probabilities, paged_values, 0.0f, target, head_dim);
   };
   auto values_finite = [&] {
-    return in_place ? all_finite(view.values_in_place, widest, head_dim) : all_finite(view.values, widest);
+    if (in_place) return all_finite(views[0].values_in_place, widest, head_dim);
+    for (std::size_t s = 0; s * segment_keys < widest; ++s)
+      if (!all_finite(views[s].values, std::min(segment_keys, widest - s * segment_keys))) return false;
+    return true;
   };
   if (visible(0) == widest || values_finite()) {
     for (std::size_t row = 0; row < rows; ++row)
@@ -302,7 +358,7 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
     const work_task& task = plan.tasks[index];
     const attention_tile& tile = tiles[task.unit];
     const gemm_serial_scope serial;  // one task per tile or range already keeps the threads busy
-    tile_scratch scratch(tile, *sources[task.unit]);
+    tile_scratch scratch(tile);
     if (plan.split[task.unit]) {
       float* slot = stored.data() + work->offset[task.unit] + task.chunk_begin * partial_floats(tile);
       if (fixed_order) {
@@ -330,7 +386,7 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
     const auto& [t, range] = work->merges[index];
     const attention_tile& tile = tiles[t];
     const float* partials = stored.data() + work->offset[t];
-    const tile_scratch scratch(tile, *sources[t]);
+    const tile_scratch scratch(tile);
     float* const running = scratch.running.data();  // these rows' running partial, from empty
     clear_partial(tile, running, range);
     for (std::size_t chunk = 0; chunk < work->units[t].chunks; ++chunk)

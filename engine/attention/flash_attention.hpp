@@ -37,30 +37,42 @@ namespace kvhead::engine {
 
 /// Keys per chunk: the fixed reduction unit above. 120 stacked rows x 256
 /// keys of scores is 120 KiB, in L2 with the chunk's K and V; fewer keys per
-/// chunk cost more merges and shorter GEMMs. At most KC on every path, so a
-/// chunk's packed V (a KV cache's) is one KC block.
+/// chunk cost more merges and shorter GEMMs. At most KC on every path, so
+/// P·V over one chunk is one KC block: one chain of FMAs per element however
+/// the chunk's keys are cut into segments (gemm over a paged_b_view).
 inline constexpr std::size_t kv_chunk = 256;
+static_assert(kv_chunk <= gemm_kc, "a chunk's P·V must be one KC-deep block (one FMA chain per element)");
 
-/// One chunk of keys of one (sequence, kv head) as GEMM B operands: keys =
-/// K[chunk]ᵀ packed (head_dim x n, n >= the chunk's width) and V[chunk]
-/// (k >= width rows of head_dim), either packed (`values`) or, when
-/// values_in_place.data is set, read where it is (row j at data + j * ld);
-/// leading blocks of each are used. The GEMM gives the same bits for either
-/// form of V (gemm.hpp).
-struct kv_chunk_view {
+/// The most segments a chunk may be cut into (segment_keys() >= kv_chunk / this).
+inline constexpr std::size_t max_segments_per_chunk = 16;
+
+/// Keys [k0, k0 + n) of one chunk of one (sequence, kv head) stored together
+/// (one KV cache block, or a whole chunk of user K/V), as GEMM B operands
+/// read in place: keys = Kᵀ packed (head_dim x n' >= n), V packed (`values`,
+/// k' >= n rows of head_dim) or, when values_in_place.data is set (fp32
+/// user V only), read where it is (row j at data + j * ld). Packed operands
+/// may hold bf16, f16 or int8 elements (packed_b_view::element), widened in
+/// the micro-kernel. int8 only: key_scales[j] and value_scales[j], key j's
+/// fp32 scales, which the kernel applies to key j's scores and to its
+/// probabilities; null otherwise. The GEMM gives the same bits for either
+/// form of V (gemm.hpp), and for one or several segments (paged_b_view).
+struct kv_segment {
   packed_b_view keys, values;
   gemm_operand values_in_place;
+  const float* key_scales = nullptr;
+  const float* value_scales = nullptr;
 };
 
 /// Supplies the chunks of one (sequence, kv head): user K/V (flash_attention),
-/// or the blocks of a KV cache.
+/// or the blocks of a KV cache, each chunk as kv_chunk / segment_keys()
+/// segments read in place.
 class kv_chunk_source {
  public:
   virtual ~kv_chunk_source() = default;
-  /// Chunk `index` (keys [index * kv_chunk, ...)). The source may assemble
-  /// it in `scratch`, assembly_floats() floats owned by the calling task.
-  virtual kv_chunk_view chunk(std::size_t index, float* scratch) const = 0;
-  virtual std::size_t assembly_floats() const { return 0; }
+  /// Keys per segment: a divisor of kv_chunk, at least kv_chunk / max_segments_per_chunk.
+  virtual std::size_t segment_keys() const = 0;
+  /// Segment `index` of chunk `chunk`: keys [chunk * kv_chunk + index * segment_keys(), ...).
+  virtual kv_segment segment(std::size_t chunk, std::size_t index) const = 0;
 };
 
 /// One unit of work: query rows [position0, position0 + positions) of the R

@@ -19,8 +19,9 @@ struct cached_rows {
 };
 
 /// Writes the k and v rows (G heads of head_dim floats each, after RoPE) of
-/// the new positions into the cache's blocks of `layer`, in the packed layout
-/// the kernels read: input row r's kv head g at k + r * row_stride + g *
+/// the new positions into the cache's blocks of `layer`, converted to the
+/// cache's dtype (engine/attention/kv_encode.hpp), in the packed layout the
+/// kernels read: input row r's kv head g at k + r * row_stride + g *
 /// head_dim (likewise v).
 void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch, const float* k,
                      const float* v, std::size_t row_stride, simd_path path);

@@ -6,10 +6,13 @@
 // kv_cache_internals): the K region holds the block's keys as a packed GEMM B
 // operand Kᵀ (head_dim x block_size), the V region its values as a packed
 // V (block_size x head_dim), both in the layout of the active SIMD path
-// (gemm.hpp: packed_b_view). A 256-token block is one attention chunk and is
-// read in place; smaller blocks are copied into one chunk first.
+// (gemm.hpp: packed_b_view), in elements of the cache's dtype; an int8
+// region's per-token fp32 scales follow its elements. Every block is read in
+// place as one segment of its chunk (flash_attention.hpp: kv_segment).
 #include <algorithm>
-#include <cstring>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "engine/arch/require.hpp"
 #include "engine/arch/scratch.hpp"
 #include "engine/attention/flash_attention.hpp"
+#include "engine/attention/kv_encode.hpp"
 #include "engine/attention/layer_impl.hpp"
 #include "engine/cache/cached_attention.hpp"
 #include "engine/cache/kv_cache_internals.hpp"
@@ -28,83 +32,101 @@ namespace kvhead {
 namespace engine {
 namespace {
 
-// The chunks of one (sequence, layer, kv head) of a cache.
+// A block is one segment of a chunk: kv_chunk is a multiple of every block size.
+static_assert(kv_chunk % kv_max_block_size == 0 && kv_max_block_size <= kv_chunk &&
+                  kv_chunk / kv_min_block_size <= max_segments_per_chunk,
+              "every block size must cut a chunk into at most max_segments_per_chunk whole blocks");
+
+// The chunks of one (sequence, layer, kv head) of a cache, block by block.
 class cache_kv_source final : public kv_chunk_source {
  public:
-  cache_kv_source(const kv_cache& cache, const std::uint32_t* table, std::size_t length, std::size_t layer,
-                  std::size_t kv_head, simd_path path)
+  cache_kv_source(const kv_cache& cache, const std::uint32_t* table, std::size_t layer, std::size_t kv_head,
+                  simd_path path)
       : cache_(cache),
         table_(table),
-        length_(length),
-        key_offset_(kv_cache_internals::region_offset(cache, layer, kv_head, false)),
-        value_offset_(kv_cache_internals::region_offset(cache, layer, kv_head, true)),
+        key_offset_(kv_cache_internals::region_offset(cache, layer, kv_head, false) * sizeof(float)),
+        value_offset_(kv_cache_internals::region_offset(cache, layer, kv_head, true) * sizeof(float)),
+        scales_offset_(kv_cache_internals::scales_offset(cache)),
         block_size_(cache.config().block_size),
         head_dim_(cache.config().head_dim),
         path_(path),
-        config_(gemm_config_for(path)) {}
+        dtype_(cache.dtype()) {}
 
-  std::size_t assembly_floats() const override {
-    return block_size_ == kv_chunk
-               ? 0
-               : packed_b_floats(config_, head_dim_, kv_chunk) + packed_b_floats(config_, kv_chunk, head_dim_);
-  }
+  std::size_t segment_keys() const override { return block_size_; }
 
-  kv_chunk_view chunk(std::size_t index, float* scratch) const override {
-    const std::size_t blocks_per_chunk = kv_chunk / block_size_;
-    if (blocks_per_chunk == 1) {
-      const float* block = kv_cache_internals::block_data(cache_, table_[index]);
-      return {{block + key_offset_, head_dim_, block_size_, path_},
-              {block + value_offset_, block_size_, head_dim_, path_},
-              {}};
+  kv_segment segment(std::size_t chunk, std::size_t index) const override {
+    const auto* block = reinterpret_cast<const std::byte*>(
+        kv_cache_internals::block_data(cache_, table_[chunk * (kv_chunk / block_size_) + index]));
+    kv_segment view{{block + key_offset_, head_dim_, block_size_, path_, dtype_},
+                    {block + value_offset_, block_size_, head_dim_, path_, dtype_},
+                    {}};
+    if (dtype_ == kv_dtype::int8) {
+      view.key_scales = reinterpret_cast<const float*>(block + key_offset_ + scales_offset_);
+      view.value_scales = reinterpret_cast<const float*>(block + value_offset_ + scales_offset_);
     }
-    // Copy the chunk's blocks into one packed Kᵀ (head_dim x 256) and one
-    // packed V (256 x head_dim): whole panels of Kᵀ, runs of V panel rows.
-    float* keys = scratch;
-    float* values = scratch + packed_b_floats(config_, head_dim_, kv_chunk);
-    const std::size_t first_block = index * blocks_per_chunk;
-    const std::size_t present = std::min(blocks_per_chunk, (length_ + block_size_ - 1) / block_size_ - first_block);
-    const std::size_t nr = config_.nr;
-    for (std::size_t b = 0; b < present; ++b) {
-      const float* block = kv_cache_internals::block_data(cache_, table_[first_block + b]);
-      for (std::size_t k0 = 0; k0 < head_dim_; k0 += config_.kc) {
-        const std::size_t depth = std::min(config_.kc, head_dim_ - k0);
-        for (std::size_t col = 0; col < block_size_; col += nr)
-          std::memcpy(keys + pack_b_offset(config_, head_dim_, kv_chunk, k0, b * block_size_ + col),
-                      block + key_offset_ + pack_b_offset(config_, head_dim_, block_size_, k0, col),
-                      depth * nr * sizeof(float));
-      }
-      for (std::size_t col = 0; col < head_dim_; col += nr)
-        std::memcpy(values + pack_b_offset(config_, kv_chunk, head_dim_, b * block_size_, col),
-                    block + value_offset_ + pack_b_offset(config_, block_size_, head_dim_, 0, col),
-                    block_size_ * nr * sizeof(float));
-    }
-    return {{keys, head_dim_, kv_chunk, path_}, {values, kv_chunk, head_dim_, path_}, {}};
+    return view;
   }
 
  private:
   const kv_cache& cache_;
   const std::uint32_t* table_;
-  std::size_t length_, key_offset_, value_offset_, block_size_, head_dim_;
+  std::size_t key_offset_, value_offset_, scales_offset_;  // bytes
+  std::size_t block_size_, head_dim_;
   simd_path path_;
-  gemm_config config_;
+  kv_dtype dtype_;
 };
 
+// One value stored as an element (the row's int8 scale aside).
+void store(float& target, float x, float) { target = x; }
+void store(bf16_bits& target, float x, float) { target = encode_bf16(x); }
+void store(f16_bits& target, float x, float) { target = encode_f16(x); }
+void store(std::int8_t& target, float x, float scale) { target = encode_int8(x, scale); }
+
 // Writes one token's k and v (head_dim floats each) into slot `slot` of a
-// block's region pair, V padding lanes zeroed. Kᵀ: the token is column
-// `slot`, one float every NR within each KC block; V: row `slot`, NR
-// consecutive floats per panel.
-void write_token(float* key_region, float* value_region, const gemm_config& config, std::size_t block_size,
-                 std::size_t head_dim, std::size_t slot, const float* k, const float* v) {
+// block's region pair, converted to Element, V padding lanes zeroed. Kᵀ:
+// the token is column `slot`, one element every NR within each KC block; V:
+// row `slot`, NR consecutive elements per panel. int8: the rows' scales at
+// scales_offset bytes into each region.
+template <class Element>
+void write_token(std::byte* key_region, std::byte* value_region, std::size_t scales_offset, const gemm_config& config,
+                 std::size_t block_size, std::size_t head_dim, std::size_t slot, const float* k, const float* v) {
+  auto* const keys = reinterpret_cast<Element*>(key_region);
+  auto* const values = reinterpret_cast<Element*>(value_region);
+  float key_scale = 0.0f, value_scale = 0.0f;
+  if constexpr (std::is_same_v<Element, std::int8_t>) {
+    key_scale = int8_scale(k, head_dim);
+    value_scale = int8_scale(v, head_dim);
+    reinterpret_cast<float*>(key_region + scales_offset)[slot] = key_scale;
+    reinterpret_cast<float*>(value_region + scales_offset)[slot] = value_scale;
+  }
   for (std::size_t k0 = 0; k0 < head_dim; k0 += config.kc) {
-    float* column = key_region + pack_b_offset(config, head_dim, block_size, k0, slot);
-    for (std::size_t e = k0; e < std::min(head_dim, k0 + config.kc); ++e) column[(e - k0) * config.nr] = k[e];
+    Element* column = keys + pack_b_offset(config, head_dim, block_size, k0, slot);
+    for (std::size_t e = k0; e < std::min(head_dim, k0 + config.kc); ++e)
+      store(column[(e - k0) * config.nr], k[e], key_scale);
   }
   for (std::size_t col = 0; col < head_dim; col += config.nr) {
-    float* row = value_region + pack_b_offset(config, block_size, head_dim, slot, col);
+    Element* row = values + pack_b_offset(config, block_size, head_dim, slot, col);
     const std::size_t lanes = std::min(config.nr, head_dim - col);
-    std::copy(v + col, v + col + lanes, row);
-    std::fill(row + lanes, row + config.nr, 0.0f);
+    for (std::size_t lane = 0; lane < config.nr; ++lane)
+      store(row[lane], lane < lanes ? v[col + lane] : 0.0f, value_scale);
   }
+}
+
+using token_writer = void (*)(std::byte*, std::byte*, std::size_t, const gemm_config&, std::size_t, std::size_t,
+                              std::size_t, const float*, const float*);
+
+token_writer writer_for(kv_dtype dtype) {
+  switch (dtype) {
+    case kv_dtype::bf16:
+      return &write_token<bf16_bits>;
+    case kv_dtype::f16:
+      return &write_token<f16_bits>;
+    case kv_dtype::int8:
+      return &write_token<std::int8_t>;
+    case kv_dtype::f32:
+      break;
+  }
+  return &write_token<float>;
 }
 
 // The forward's bookkeeping, reused across calls on a thread.
@@ -127,16 +149,19 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
   const kv_cache_config& geometry = cache.config();
   const std::size_t kv_heads = geometry.num_kv_heads, head_dim = geometry.head_dim, block_size = geometry.block_size;
   const gemm_config config = gemm_config_for(path);
+  const token_writer write = writer_for(cache.dtype());
+  const std::size_t scales_offset = kv_cache_internals::scales_offset(cache);
   tbb::parallel_for(std::size_t{0}, batch.size() * kv_heads, [&](std::size_t task) {
     const cached_rows& e = batch[task / kv_heads];
     const std::size_t kv_head = task % kv_heads;
-    const std::size_t key_offset = kv_cache_internals::region_offset(cache, layer, kv_head, false);
-    const std::size_t value_offset = kv_cache_internals::region_offset(cache, layer, kv_head, true);
+    const std::size_t key_offset = kv_cache_internals::region_offset(cache, layer, kv_head, false) * sizeof(float);
+    const std::size_t value_offset = kv_cache_internals::region_offset(cache, layer, kv_head, true) * sizeof(float);
     for (std::size_t position = e.past; position < e.length; ++position) {
-      float* block = kv_cache_internals::block_data(cache, e.table[position / block_size]);
+      auto* block = reinterpret_cast<std::byte*>(kv_cache_internals::block_data(cache, e.table[position / block_size]));
       const std::size_t row = e.row0 + position - e.past;
-      write_token(block + key_offset, block + value_offset, config, block_size, head_dim, position % block_size,
-                  k + row * row_stride + kv_head * head_dim, v + row * row_stride + kv_head * head_dim);
+      write(block + key_offset, block + value_offset, scales_offset, config, block_size, head_dim,
+            position % block_size, k + row * row_stride + kv_head * head_dim,
+            v + row * row_stride + kv_head * head_dim);
     }
   });
 }
@@ -156,7 +181,7 @@ void cached_attention(const kv_cache& cache, std::size_t layer, const std::vecto
   work->tile_sources.clear();
   for (const cached_rows& e : batch)
     for (std::size_t kv_head = 0; kv_head < kv_heads; ++kv_head) {
-      const cache_kv_source& source = work->sources.emplace_back(cache, e.table, e.length, layer, kv_head, path);
+      const cache_kv_source& source = work->sources.emplace_back(cache, e.table, layer, kv_head, path);
       for (std::size_t p = 0; p < e.length - e.past; p += tile_rows) {
         tiles.push_back({q + e.row0 * q_row_stride, head_dim, q_row_stride, out + e.row0 * out_row_stride, head_dim,
                          out_row_stride, kv_head, group, head_dim, p, std::min(tile_rows, e.length - e.past - p),

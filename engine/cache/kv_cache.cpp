@@ -20,7 +20,8 @@
 // Written-up-to marks. Each sequence keeps, per layer, how many of its leading
 // positions hold K/V written by a forward (kv_cache_internals::set_written).
 // append leaves them, truncate lowers them to the new length, fork copies
-// them. A debug build (NDEBUG not defined) fills a block with NaN when it
+// them. A debug build (NDEBUG not defined) fills a block with all-ones bytes
+// (NaN in every dtype) when it
 // returns to the pool, so a read of a recycled slot shows in the results.
 #include "kvhead/kv_cache.hpp"
 
@@ -37,17 +38,19 @@
 
 #include "engine/arch/aligned_buffer.hpp"
 #include "engine/cache/kv_cache_internals.hpp"
+#include "engine/gemm/stored_element.hpp"
 
 namespace kvhead {
 
 namespace {
 
-constexpr std::size_t row_multiple = 32;       // head_dim is padded to a multiple of 32 floats
+using engine::kv_panel_multiple;
 constexpr std::size_t min_table_capacity = 8;  // first growth of a block table
+constexpr std::size_t region_alignment = 64;   // bytes: every region starts on a cache line
 #ifdef NDEBUG
 constexpr bool poison_freed_blocks = false;
 #else
-constexpr bool poison_freed_blocks = true;  // debug builds: a freed block holds NaN
+constexpr bool poison_freed_blocks = true;  // debug builds: a freed block reads as NaN in every dtype
 #endif
 
 std::size_t ceil_div(std::size_t a, std::size_t b) { return a / b + (a % b != 0); }
@@ -59,7 +62,77 @@ std::size_t checked_product(std::size_t a, std::size_t b, const char* message) {
   return product;
 }
 
+/// a + b, or throws std::invalid_argument(message) when it overflows.
+std::size_t checked_sum(std::size_t a, std::size_t b, const char* message) {
+  std::size_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) throw std::invalid_argument(message);
+  return sum;
+}
+
+std::size_t checked_round_up(std::size_t value, std::size_t multiple, const char* message) {
+  return checked_sum(value, multiple - 1, message) / multiple * multiple;
+}
+
+/// `requested` with block_size resolved; throws std::invalid_argument naming
+/// the field of an invalid one.
+kv_cache_config validated(const kv_cache_config& requested) {
+  kv_cache_config config = requested;
+  if (config.num_layers == 0) throw std::invalid_argument("kv_cache_config.num_layers must be at least 1");
+  if (config.num_kv_heads == 0) throw std::invalid_argument("kv_cache_config.num_kv_heads must be at least 1");
+  if (config.head_dim == 0) throw std::invalid_argument("kv_cache_config.head_dim must be at least 1");
+  if (config.block_size == 0) config.block_size = kv_cache_default_block_size;
+  const std::size_t block_size = config.block_size;
+  if (block_size < engine::kv_min_block_size || block_size > engine::kv_max_block_size ||
+      (block_size & (block_size - 1)) != 0)
+    throw std::invalid_argument("kv_cache_config.block_size must be 16, 32, 64, 128 or 256 (or 0 for " +
+                                std::to_string(kv_cache_default_block_size) + "), got " +
+                                std::to_string(requested.block_size));
+  if (static_cast<std::size_t>(config.dtype) >= engine::stored_dtype_count)
+    throw std::invalid_argument("kv_cache_config.dtype is not one of f32, bf16, f16, int8");
+  return config;
+}
+
+/// The "Block layout" of kv_cache.hpp for a validated configuration.
+struct block_layout {
+  std::size_t region_bytes = 0, scales_offset = 0, block_bytes = 0;
+};
+
+block_layout layout_of(const kv_cache_config& config) {
+  const char* too_large = "kv_cache_config: num_layers * num_kv_heads * head_dim too large (block_bytes overflows)";
+  const std::size_t padded_dim = checked_round_up(config.head_dim, kv_panel_multiple, too_large);
+  const std::size_t padded_tokens = ceil_div(config.block_size, kv_panel_multiple) * kv_panel_multiple;
+  const std::size_t elements = std::max(checked_product(config.head_dim, padded_tokens, too_large),
+                                        checked_product(config.block_size, padded_dim, too_large));
+  block_layout layout;
+  layout.scales_offset = checked_round_up(checked_product(elements, engine::element_bytes(config.dtype), too_large),
+                                          region_alignment, too_large);
+  const std::size_t scales_bytes =
+      config.dtype == kv_dtype::int8 ? ceil_div(config.block_size * sizeof(float), region_alignment) * region_alignment
+                                     : 0;
+  layout.region_bytes = checked_sum(layout.scales_offset, scales_bytes, too_large);
+  const std::size_t regions =
+      checked_product(checked_product(config.num_layers, config.num_kv_heads, too_large), 2, too_large);
+  layout.block_bytes = checked_product(regions, layout.region_bytes, too_large);
+  return layout;
+}
+
 }  // namespace
+
+std::size_t kv_cache_block_bytes(const kv_cache_config& config) { return layout_of(validated(config)).block_bytes; }
+
+const char* to_string(kv_dtype dtype) {
+  switch (dtype) {
+    case kv_dtype::f32:
+      return "f32";
+    case kv_dtype::bf16:
+      return "bf16";
+    case kv_dtype::f16:
+      return "f16";
+    case kv_dtype::int8:
+      return "int8";
+  }
+  return "unknown";
+}
 
 struct kv_cache::impl {
   struct sequence {
@@ -69,9 +142,9 @@ struct kv_cache::impl {
   };
 
   kv_cache_config config;
-  std::size_t region_floats = 0;  // block_size * padded head_dim
-  std::size_t block_floats = 0;   // 2 * num_layers * num_kv_heads * region_floats
-  std::size_t block_bytes = 0;
+  std::size_t region_bytes = 0;   // one K or V region ("Block layout")
+  std::size_t scales_offset = 0;  // int8: byte offset of a region's scales
+  std::size_t block_bytes = 0;    // 2 * num_layers * num_kv_heads * region_bytes
   std::size_t total_blocks = 0;
   engine::float_storage pool;
 
@@ -108,8 +181,8 @@ struct kv_cache::impl {
   void release(std::uint32_t block) {
     assert(references[block] > 0);
     if (--references[block] != 0) return;
-    if constexpr (poison_freed_blocks)
-      std::fill(this->block(block), this->block(block) + block_floats, std::numeric_limits<float>::quiet_NaN());
+    if constexpr (poison_freed_blocks)  // all-ones bytes: NaN as f32, bf16 and f16, and as int8 blocks' fp32 scales
+      std::memset(this->block(block), 0xff, block_bytes);
     free_list.push_back(block);  // within capacity: never allocates
   }
 
@@ -123,30 +196,15 @@ struct kv_cache::impl {
 
   float* block(std::uint32_t index) const {
     assert(index < total_blocks);
-    return pool.get() + index * block_floats;
+    return pool.get() + index * (block_bytes / sizeof(float));
   }
 };
 
-kv_cache::impl::impl(const kv_cache_config& requested) : config(requested) {
-  if (config.num_layers == 0) throw std::invalid_argument("kv_cache_config.num_layers must be at least 1");
-  if (config.num_kv_heads == 0) throw std::invalid_argument("kv_cache_config.num_kv_heads must be at least 1");
-  if (config.head_dim == 0) throw std::invalid_argument("kv_cache_config.head_dim must be at least 1");
-  if (config.block_size == 0) config.block_size = kv_cache_default_block_size;
-  const std::size_t block_size = config.block_size;
-  if (block_size < 32 || block_size > 256 || (block_size & (block_size - 1)) != 0)
-    throw std::invalid_argument("kv_cache_config.block_size must be 32, 64, 128 or 256 (or 0 for " +
-                                std::to_string(kv_cache_default_block_size) + "), got " +
-                                std::to_string(requested.block_size));
-
-  const char* too_large = "kv_cache_config: num_layers * num_kv_heads * head_dim too large (block_bytes overflows)";
-  if (config.head_dim > std::numeric_limits<std::size_t>::max() - (row_multiple - 1))
-    throw std::invalid_argument(too_large);
-  const std::size_t padded_dim = ceil_div(config.head_dim, row_multiple) * row_multiple;
-  region_floats = checked_product(block_size, padded_dim, too_large);
-  const std::size_t regions =
-      checked_product(checked_product(config.num_layers, config.num_kv_heads, too_large), 2, too_large);
-  block_floats = checked_product(regions, region_floats, too_large);
-  block_bytes = checked_product(block_floats, sizeof(float), too_large);
+kv_cache::impl::impl(const kv_cache_config& requested) : config(validated(requested)) {
+  const block_layout layout = layout_of(config);
+  region_bytes = layout.region_bytes;
+  scales_offset = layout.scales_offset;
+  block_bytes = layout.block_bytes;
 
   total_blocks = config.capacity_bytes / block_bytes;
   if (total_blocks == 0)
@@ -173,6 +231,7 @@ kv_cache::kv_cache(kv_cache&&) noexcept = default;
 kv_cache& kv_cache::operator=(kv_cache&&) noexcept = default;
 
 const kv_cache_config& kv_cache::config() const { return impl_->config; }
+kv_dtype kv_cache::dtype() const { return impl_->config.dtype; }
 
 sequence_id kv_cache::create() {
   impl& cache = *impl_;
@@ -344,14 +403,18 @@ const float* kv_cache_internals::block_data(const kv_cache& cache, std::uint32_t
   return cache.impl_->block(block);
 }
 
-std::size_t kv_cache_internals::region_floats(const kv_cache& cache) { return cache.impl_->region_floats; }
+std::size_t kv_cache_internals::region_floats(const kv_cache& cache) {
+  return cache.impl_->region_bytes / sizeof(float);
+}
 
 std::size_t kv_cache_internals::region_offset(const kv_cache& cache, std::size_t layer, std::size_t kv_head,
                                               bool value) {
   const kv_cache_config& config = cache.impl_->config;
   assert(layer < config.num_layers && kv_head < config.num_kv_heads);
-  return ((layer * config.num_kv_heads + kv_head) * 2 + (value ? 1 : 0)) * cache.impl_->region_floats;
+  return ((layer * config.num_kv_heads + kv_head) * 2 + (value ? 1 : 0)) * region_floats(cache);
 }
+
+std::size_t kv_cache_internals::scales_offset(const kv_cache& cache) { return cache.impl_->scales_offset; }
 
 }  // namespace engine
 }  // namespace kvhead

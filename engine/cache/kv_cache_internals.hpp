@@ -7,8 +7,11 @@
 //   float* block = block_data(cache, table[p / block_size]);
 //   float* k = block + region_offset(cache, layer, kv_head, false);  // K region
 //   float* v = block + region_offset(cache, layer, kv_head, true);   // V region
-// each region being region_floats(cache) = block_size * round_up(head_dim, 32)
-// floats, 64-byte aligned; the layout inside a region is the kernels' choice.
+// each region being region_floats(cache) floats (region_bytes of the "Block
+// layout" in kv_cache.hpp, a multiple of 64 bytes), 64-byte aligned, holding
+// elements of cache.dtype(); for int8 the region's block_size fp32 scales
+// start scales_offset(cache) bytes into it. The layout inside a region is the
+// kernels' choice, within the layout contract below.
 //
 // Lifetimes. A table pointer stays valid, and its entries unchanged, until the
 // next append, truncate or free of that sequence (append may move the table
@@ -30,9 +33,28 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "engine/arch/kernel_config.hpp"
 #include "kvhead/kv_cache.hpp"
 
 namespace kvhead::engine {
+
+// The layout contract between the cache, the GEMM and attention (the other
+// half, chunk <= KC and block <= chunk, sits next to kv_chunk in
+// engine/attention/flash_attention.hpp and in engine/cache/cached_forward.cpp).
+/// Block sizes: powers of two in [kv_min_block_size, kv_max_block_size].
+inline constexpr std::size_t kv_min_block_size = 16, kv_max_block_size = 256;
+/// A region's rows (head_dim) and key columns (block_size) are padded to a
+/// multiple of this: every path's packed panels (NR wide) then tile a region.
+inline constexpr std::size_t kv_panel_multiple = 32;
+static_assert(
+    [] {
+      for (const kernel_config_row& row : kernel_config_rows)
+        if (kv_panel_multiple % row.nr != 0) return false;
+      return true;
+    }(),
+    "every GEMM path's NR must divide the cache's panel padding");
+static_assert(kv_max_block_size <= gemm_kc, "a block's keys are one KC-deep block of P·V");
+static_assert((kv_min_block_size & (kv_min_block_size - 1)) == 0 && kv_min_block_size <= kv_max_block_size);
 
 struct kv_cache_internals {
   /// The sequence's block table (block indices into the pool) and, in
@@ -64,6 +86,8 @@ struct kv_cache_internals {
   /// Float offset within a block of the K (value == false) or V region of
   /// (layer, kv_head): ((layer * num_kv_heads + kv_head) * 2 + value) * region_floats.
   static std::size_t region_offset(const kv_cache& cache, std::size_t layer, std::size_t kv_head, bool value);
+  /// int8: byte offset, within a region, of its fp32 scales (one per token slot).
+  static std::size_t scales_offset(const kv_cache& cache);
 };
 
 }  // namespace kvhead::engine

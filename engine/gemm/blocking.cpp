@@ -8,11 +8,13 @@ struct tile_lookup;
 
 template <class Arch, class... Shapes>
 struct tile_lookup<Arch, std::tuple<Shapes...>> {
-  static constexpr bool compiled(std::size_t mr, std::size_t nr) { return ((Shapes::mr == mr && Shapes::nr == nr) || ...); }
-  static const microkernel_function* kernels(std::size_t mr, std::size_t nr) {
+  static constexpr bool compiled(std::size_t mr, std::size_t nr) {
+    return ((Shapes::mr == mr && Shapes::nr == nr) || ...);
+  }
+  static const microkernel_function* kernels(std::size_t mr, std::size_t nr, kv_dtype element) {
     const microkernel_function* found = nullptr;
     ((found = found == nullptr && Shapes::mr == mr && Shapes::nr == nr
-                  ? gemm_kernels<Arch, Shapes::mr, Shapes::nr>::microkernels()
+                  ? gemm_kernels<Arch, Shapes::mr, Shapes::nr>::microkernels(element)
                   : found),
      ...);
     return found;
@@ -45,7 +47,10 @@ gemm_config gemm_config_for(simd_path path) {
                        machine.mc,
                        machine.kc,
                        machine.nc,
-                       tiles_of<Arch>::kernels(machine.mr, machine.nr),
+                       {tiles_of<Arch>::kernels(machine.mr, machine.nr, kv_dtype::f32),
+                        tiles_of<Arch>::kernels(machine.mr, machine.nr, kv_dtype::bf16),
+                        tiles_of<Arch>::kernels(machine.mr, machine.nr, kv_dtype::f16),
+                        tiles_of<Arch>::kernels(machine.mr, machine.nr, kv_dtype::int8)},
                        row_stream_kernels<Arch>::row_streams()};
   });
 }

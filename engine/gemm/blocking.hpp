@@ -11,6 +11,7 @@
 // the thread count or the CPU.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <tuple>
 
@@ -39,8 +40,9 @@ struct compiled_tiles<sse2_arch> {
 /// the untemplated driver.
 struct gemm_config {
   std::size_t mr, nr, mc, kc, nc;
-  const microkernel_function* microkernels;  // [rows - 1], rows in 1..mr
-  const row_stream_function* row_streams;    // [rows - 1], rows in 1..row_stream_max_rows
+  // microkernels[element][rows - 1], rows in 1..mr, B stored as kv_dtype `element`.
+  std::array<const microkernel_function*, stored_dtype_count> microkernels;
+  const row_stream_function* row_streams;  // [rows - 1], rows in 1..row_stream_max_rows
 };
 
 /// This process's GEMM configuration for `path` (kernel_config_for(path)).

@@ -8,6 +8,7 @@
 #include "engine/gemm/gemm.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -64,14 +65,27 @@ void for_each_index(std::size_t count, double flops, const Body& body) {
 // panels + p * panel_stride + k * row_stride. Packed blocks hold every panel
 // (zero-padded); a block read in place from an untransposed B has its partial
 // last panel packed separately in `tail_panel`.
+// Strides in elements; panels may hold another element type than fp32 (the
+// tail panel is always fp32).
+// Paged blocks (paged_b_view): panel p's address comes from a page table.
+// Column pages: panel p of the block is panel p % panels_per_page of page
+// (first_panel + p) / panels_per_page, page_offset elements into the page.
+// Row pages: every panel is split along k over the pages, page_depth rows
+// each (panel first_panel + p of page i at pages[i] + (first_panel + p) *
+// page_depth * NR elements).
 struct b_block {
-  const float* panels;
+  const void* panels;
   std::size_t panel_stride, row_stride;
   const float* tail_panel;  // null when the last panel is in `panels`
+  kv_dtype element = kv_dtype::f32;
+  const void* const* pages = nullptr;
+  std::size_t first_panel = 0, panels_per_page = 0, page_offset = 0;  // column pages
+  std::size_t page_depth = 0;                                         // row pages (0: none)
 };
 
-void run_tile(const gemm_config& config, microkernel_params params, std::size_t rows, std::size_t cols) {
-  const microkernel_function kernel = config.microkernels[rows - 1];
+void run_tile(const gemm_config& config, kv_dtype element, microkernel_params params, std::size_t rows,
+              std::size_t cols) {
+  const microkernel_function kernel = config.microkernels[static_cast<std::size_t>(element)][rows - 1];
   if (cols == config.nr) {
     kernel(params);
     return;
@@ -80,7 +94,7 @@ void run_tile(const gemm_config& config, microkernel_params params, std::size_t 
   alignas(aligned_buffer::alignment) float tile[max_tile_floats] = {};
   float* const c = params.c;
   const std::size_t ldc = params.ldc;
-  if (params.beta != 0.0f)
+  if (params.beta != 0.0f || params.accumulate)
     for (std::size_t row = 0; row < rows; ++row) std::copy(c + row * ldc, c + row * ldc + cols, tile + row * config.nr);
   params.c = tile;
   params.ldc = config.nr;
@@ -95,6 +109,7 @@ void run_tile(const gemm_config& config, microkernel_params params, std::size_t 
 void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_operand a, std::size_t k0,
                     std::size_t depth, const b_block& block, std::size_t col0, std::size_t cols, float beta, float* c,
                     std::size_t ldc) {
+  const std::size_t element_size = element_bytes(block.element);
   const std::size_t a_panels = ceil_div(m, config.mr);
   // Tasks: equal row blocks (whole MR panels, at most MC rows: the A block
   // stays in L2) times groups of NR panels. With several threads, aim for ~4
@@ -131,13 +146,36 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     const std::size_t panel_end = std::min(panels, (group + 1) * panels_per_group);
     for (std::size_t panel = group * panels_per_group; panel < panel_end; ++panel) {
       const bool packed_tail = block.tail_panel != nullptr && panel + 1 == panels;
-      const float* b_panel = packed_tail ? block.tail_panel : block.panels + panel * block.panel_stride;
+      const kv_dtype element = packed_tail ? kv_dtype::f32 : block.element;
       const std::size_t col = panel * config.nr;
       for (std::size_t row = row0; row < row0 + rows; row += config.mr) {
-        const microkernel_params params{
-            a_packed.data() + row * depth, b_panel, packed_tail ? config.nr : block.row_stride, depth, alpha, beta,
+        microkernel_params params{
+            a_packed.data() + row * depth, nullptr, packed_tail ? config.nr : block.row_stride, depth, alpha, beta,
             c + row * ldc + col0 + col,    ldc};
-        run_tile(config, params, std::min(config.mr, m - row), std::min(config.nr, cols - col));
+        const std::size_t tile_rows = std::min(config.mr, m - row), tile_cols = std::min(config.nr, cols - col);
+        if (block.page_depth != 0) {
+          // Row pages: the chain of FMAs continues from page to page.
+          for (std::size_t k = 0; k < depth; k += block.page_depth) {
+            const std::size_t page = k / block.page_depth;
+            params.a_panel = a_packed.data() + row * depth + k * config.mr;
+            params.b_panel = static_cast<const std::byte*>(block.pages[page]) +
+                             (block.first_panel + panel) * block.page_depth * config.nr * element_size;
+            params.k_depth = std::min(block.page_depth, depth - k);
+            params.accumulate = k > 0;
+            run_tile(config, element, params, tile_rows, tile_cols);
+          }
+          continue;
+        }
+        if (packed_tail) {
+          params.b_panel = block.tail_panel;
+        } else if (block.pages != nullptr) {
+          const std::size_t page_panel = block.first_panel + panel;
+          params.b_panel = static_cast<const std::byte*>(block.pages[page_panel / block.panels_per_page]) +
+                           (block.page_offset + page_panel % block.panels_per_page * block.panel_stride) * element_size;
+        } else {
+          params.b_panel = static_cast<const std::byte*>(block.panels) + panel * block.panel_stride * element_size;
+        }
+        run_tile(config, element, params, tile_rows, tile_cols);
       }
     }
   };
@@ -216,8 +254,8 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
       gemm({shape.m, shape.n - done, shape.k}, alpha, a, {b.data + done, b.ld, b.trans}, beta, c + done, ldc, config);
     return;
   }
-  const bool in_place = b.trans == transpose::no && shape.m <= in_place_b_max_rows &&
-                        b.ld * sizeof(float) % set_conflict_row_bytes != 0;
+  const bool in_place =
+      b.trans == transpose::no && shape.m <= in_place_b_max_rows && b.ld * sizeof(float) % set_conflict_row_bytes != 0;
   const std::size_t packed_cols = in_place ? nr : round_up(std::min(shape.n, config.nc), nr);
   scratch_lease b_packed(packed_cols * std::min(shape.k, config.kc));
 
@@ -260,7 +298,10 @@ packed_b::packed_b(std::size_t k, std::size_t n, gemm_operand b, simd_path path)
     pack_b(b, k0, std::min(config.kc, k - k0), 0, n, config.nr, panels + k0 * padded_n);
 }
 
-void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc) {
+namespace {
+
+void multiply_prepacked(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c,
+                        std::size_t ldc) {
   engine::require(shape.k <= b.k && shape.n <= b.n, [&] {
     return std::string("gemm: the block ") + std::to_string(shape.k) + " x " + std::to_string(shape.n) +
            " exceeds the packed B (" + std::to_string(b.k) + " x " + std::to_string(b.n) + ")";
@@ -268,14 +309,62 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float 
   validate_operand("A", a, shape.m, shape.k);
   validate_c(c, ldc, shape.m, shape.n);
   const gemm_config config = gemm_config_for(b.path);
-  // Packed block k0 / KC starts at k0 * round_up(b.n, NR); its panels hold
-  // that block's full depth of b.k.
+  const std::size_t element_size = element_bytes(b.element);
+  // Packed block k0 / KC starts at element k0 * round_up(b.n, NR); its
+  // panels hold that block's full depth of b.k.
   auto prepacked_block = [&](std::size_t col0, std::size_t, std::size_t k0, std::size_t) {
     const std::size_t panel_stride = std::min(config.kc, b.k - k0) * config.nr;
-    return b_block{b.panels + k0 * round_up(b.n, config.nr) + (col0 / config.nr) * panel_stride, panel_stride,
-                   config.nr, nullptr};
+    const std::size_t offset = k0 * round_up(b.n, config.nr) + (col0 / config.nr) * panel_stride;
+    return b_block{static_cast<const std::byte*>(b.panels) + offset * element_size, panel_stride, config.nr, nullptr,
+                   b.element};
   };
   multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, prepacked_block);
+}
+
+}  // namespace
+
+void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc) {
+  multiply_prepacked(shape, alpha, a, b, beta, c, ldc);
+}
+
+void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float beta, float* c, std::size_t ldc) {
+  engine::require(shape.k <= b.k && shape.n <= b.n, [&] {
+    return std::string("gemm: the block ") + std::to_string(shape.k) + " x " + std::to_string(shape.n) +
+           " exceeds the paged B (" + std::to_string(b.k) + " x " + std::to_string(b.n) + ")";
+  });
+  validate_operand("A", a, shape.m, shape.k);
+  validate_c(c, ldc, shape.m, shape.n);
+  const gemm_config config = gemm_config_for(b.path);
+  if (b.along_k) {
+    engine::require(shape.k <= config.kc && alpha == 1.0f && beta == 0.0f, [&] {
+      return std::string("gemm: a B paged along k needs k <= KC (") + std::to_string(shape.k) + "), alpha 1 and beta 0";
+    });
+    auto row_pages = [&](std::size_t col0, std::size_t, std::size_t, std::size_t) {
+      b_block block{nullptr, 0, config.nr, nullptr, b.element};
+      block.pages = b.pages;
+      block.first_panel = col0 / config.nr;
+      block.page_depth = b.page;
+      return block;
+    };
+    multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, row_pages);
+    return;
+  }
+  if (b.page % config.nr != 0 && shape.n > b.page) {
+    // Pages not a whole number of panels (16 keys on a 32-wide path): one call per page.
+    for (std::size_t col = 0, page = 0; col < shape.n; col += b.page, ++page)
+      multiply_prepacked({shape.m, std::min(b.page, shape.n - col), shape.k}, alpha, a,
+                         {b.pages[page], b.k, b.page, b.path, b.element}, beta, c + col, ldc);
+    return;
+  }
+  auto column_pages = [&](std::size_t col0, std::size_t, std::size_t k0, std::size_t) {
+    b_block block{nullptr, std::min(config.kc, b.k - k0) * config.nr, config.nr, nullptr, b.element};
+    block.pages = b.pages;
+    block.first_panel = col0 / config.nr;
+    block.panels_per_page = ceil_div(b.page, config.nr);
+    block.page_offset = k0 * round_up(b.page, config.nr);
+    return block;
+  };
+  multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, column_pages);
 }
 
 gemm_serial_scope::gemm_serial_scope() { ++serial_depth(); }

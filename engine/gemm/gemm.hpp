@@ -55,20 +55,24 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
 
 /// A read-only view of op(B) (k x n) already in the micro-kernel's packed
 /// layout for one SIMD path: for each KC-deep block of rows (in order), the
-/// ceil(n / NR) micro-panels of that block, each (block depth x NR) floats,
-/// columns past n zero. Produced by packed_b, or written directly in this
-/// layout (pack_b_offset) by owners of long-lived operands such as a KV cache.
+/// ceil(n / NR) micro-panels of that block, each (block depth x NR)
+/// elements, columns past n padding. Produced by packed_b (fp32), or written
+/// directly in this layout (pack_b_offset) by owners of long-lived operands
+/// such as a KV cache, whose elements may be bf16, f16 or int8
+/// (stored_element.hpp): the micro-kernel widens them to fp32 as it loads
+/// them, and computes as if B held the widened values.
 struct packed_b_view {
-  const float* panels;
+  const void* panels;
   std::size_t k, n;
   simd_path path;
+  kv_dtype element = kv_dtype::f32;
 };
 
-/// Float offset of element (row, col) of op(B) in the packed layout of a
+/// Element offset of element (row, col) of op(B) in the packed layout of a
 /// k x n operand, for a path's blocking.
 std::size_t pack_b_offset(const gemm_config& config, std::size_t k, std::size_t n, std::size_t row, std::size_t col);
 
-/// Floats a packed k x n operand occupies.
+/// Elements a packed k x n operand occupies.
 std::size_t packed_b_floats(const gemm_config& config, std::size_t k, std::size_t n);
 
 /// op(B) (k x n) packed once into micro-panels for one SIMD path, to be
@@ -89,8 +93,29 @@ class packed_b {
 
 /// C = alpha * op(A) * B[0:k, 0:n] + beta * C: the leading k x n block of a
 /// pre-packed B (shape.k <= b.k, shape.n <= b.n), m x k times k x n.
-/// Same arithmetic, so the same bits, as gemm() with that block unpacked.
+/// Same arithmetic, so the same bits, as gemm() with that block unpacked
+/// (widened to fp32 when stored in another element type).
 void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc);
+
+/// op(B) (k x n) cut into pages of `page` rows (along_k) or columns (else):
+/// page i is a packed operand of its own (packed_b_view layout, `page` rows
+/// x n, or k x `page` columns) at pages[i], anywhere in memory, all of one
+/// element type: the blocks of a KV cache read as one operand, in one call.
+/// Column pages narrower than whole NR panels run one call per page.
+struct paged_b_view {
+  const void* const* pages;
+  std::size_t page;
+  bool along_k;
+  std::size_t k, n;
+  simd_path path;
+  kv_dtype element = kv_dtype::f32;
+};
+
+/// C = alpha * op(A) * B + beta * C over a paged B, with the bits of gemm()
+/// over the concatenated B: across column pages every column is computed
+/// alone; across row pages each element's FMA chain continues from page to
+/// page, which requires k <= KC, alpha = 1 and beta = 0 (checked).
+void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float beta, float* c, std::size_t ldc);
 
 /// While alive, GEMM calls made by this thread run serially (for callers that
 /// already run one GEMM per parallel task). Never changes a result.

@@ -4,9 +4,12 @@
 //
 // A_panel  packed, k_depth steps of MR floats: element (row r, step k) at
 //          a_panel[k * MR + r]. Rows past the matrix edge are zero padding.
-// B_panel  k_depth rows of NR floats, row k at b_panel + k * b_row_stride
-//          (b_row_stride = NR for a packed panel). Columns past the matrix edge
-//          are zero padding.
+// B_panel  k_depth rows of NR elements, row k at b_panel + k * b_row_stride
+//          elements (b_row_stride = NR for a packed panel). The elements are
+//          fp32, or bf16, f16 or int8 (stored_element.hpp), widened to fp32
+//          exactly as they are loaded (int8 as its integer value; its scale
+//          is the caller's). Columns past the matrix edge are padding: their
+//          results are never used.
 // C        a ROWS x NR row-major tile, rows ldc floats apart. The kernel
 //          always reads (when beta != 0) and writes the whole tile. There is
 //          one kernel per row count ROWS = 1..MR (short edges and small m waste
@@ -20,21 +23,28 @@
 // (mul then add on sse2); then C = alpha * acc + beta * C. Every element of the
 // tile gets exactly this sequence, whatever its row or column, so a row of C
 // does not depend on which other rows were computed with it.
+// accumulate (alpha and beta unused): acc = C; the same k loop; C = acc. The
+// chain of FMAs continues where the last call left it, so a depth cut into
+// pieces (the first one with alpha 1, beta 0; the rest accumulating) gives
+// exactly the bits of one call over the whole depth (1 * acc == acc).
 #pragma once
 
 #include <cstddef>
+
+#include "engine/gemm/stored_element.hpp"
 
 namespace kvhead::engine {
 
 struct microkernel_params {
   const float* a_panel;
-  const float* b_panel;
-  std::size_t b_row_stride;
+  const void* b_panel;       // elements of the kernel's stored type
+  std::size_t b_row_stride;  // in elements
   std::size_t k_depth;
   float alpha;
   float beta;
   float* c;
   std::size_t ldc;
+  bool accumulate = false;  // C holds the running acc (see above)
 };
 
 using microkernel_function = void (*)(const microkernel_params&);
@@ -72,14 +82,16 @@ inline constexpr std::size_t row_stream_max_rows = 4;
 
 /// Per-ISA GEMM micro-kernels for one MR x NR register tile (the rows of
 /// engine/arch/kernel_config.hpp choose it); defined in microkernel_impl.hpp
-/// and explicitly instantiated in engine/arch/<isa>.cpp (the only TUs built
-/// with ISA flags), one instantiation per entry of compiled_tiles<Arch>.
+/// and explicitly instantiated in engine/gemm/kernels_<isa>.cpp (each built
+/// with its ISA's flags, with that ISA's widening loads of stored B
+/// elements), one instantiation per entry of compiled_tiles<Arch>.
 template <class Arch, std::size_t MR, std::size_t NR>
 struct gemm_kernels {
-  template <std::size_t Rows>
+  template <class Element, std::size_t Rows>
   static void microkernel(const microkernel_params& params);
-  /// microkernels()[rows - 1] is the kernel for a tile of `rows` rows, 1..MR.
-  static const microkernel_function* microkernels();
+  /// microkernels(e)[rows - 1] is the kernel for a tile of `rows` rows,
+  /// 1..MR, with B stored as e.
+  static const microkernel_function* microkernels(kv_dtype element);
 };
 
 /// The register tiles compiled for each path: a std::tuple of tile_shape.

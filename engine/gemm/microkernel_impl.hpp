@@ -1,13 +1,17 @@
 // The register-blocked micro-kernel (contract in microkernel.hpp), written
-// once with xsimd for every ISA. Include only from engine/arch/<isa>.cpp.
+// once with xsimd for every ISA. Include only from engine/gemm/kernels_<isa>.cpp,
+// after that ISA's widen() overloads for the stored element types
+// (bf16_bits, f16_bits, std::int8_t: W elements to one fp32 vector).
 //
 // Blocking: MR x NR accumulators live in registers for the whole k loop
 // (sizes and register budget per CPU in engine/arch/kernel_config.hpp). Each k step loads NR / W
-// vectors of B, broadcasts MR scalars of A and issues MR * NR / W FMAs.
+// vectors of B (widening stored elements to fp32 in the same registers),
+// broadcasts MR scalars of A and issues MR * NR / W FMAs.
 #pragma once
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 #include <xsimd/xsimd.hpp>
@@ -17,8 +21,14 @@
 
 namespace kvhead::engine {
 
+/// W fp32 elements of B as one vector (the other element types: per ISA).
+template <class Arch>
+[[gnu::always_inline]] inline xsimd::batch<float, Arch> widen(Arch, const float* elements) {
+  return xsimd::batch<float, Arch>::load_unaligned(elements);
+}
+
 template <class Arch, std::size_t MR, std::size_t NR>
-template <std::size_t Rows>
+template <class Element, std::size_t Rows>
 void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   using batch = xsimd::batch<float, Arch>;
   constexpr std::size_t mr = MR;  // A panel stride
@@ -33,18 +43,20 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
 #pragma GCC unroll 4
     for (std::size_t v = 0; v < vectors; ++v) __builtin_prefetch(params.c + row * params.ldc + v * batch::size, 1);
 
+  const bool accumulate = params.accumulate;
   batch acc[rows][vectors];
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < rows; ++row)
 #pragma GCC unroll 4
-    for (std::size_t v = 0; v < vectors; ++v) acc[row][v] = batch(0.0f);
+    for (std::size_t v = 0; v < vectors; ++v)
+      acc[row][v] = accumulate ? batch::load_unaligned(params.c + row * params.ldc + v * batch::size) : batch(0.0f);
 
   const float* a = params.a_panel;
-  const float* b = params.b_panel;
+  const Element* b = static_cast<const Element*>(params.b_panel);
   for (std::size_t k = 0; k < params.k_depth; ++k, a += mr, b += params.b_row_stride) {
     batch b_row[vectors];
 #pragma GCC unroll 4
-    for (std::size_t v = 0; v < vectors; ++v) b_row[v] = batch::load_unaligned(b + v * batch::size);
+    for (std::size_t v = 0; v < vectors; ++v) b_row[v] = widen(Arch{}, b + v * batch::size);
 #pragma GCC unroll 16
     for (std::size_t row = 0; row < rows; ++row) {
       const batch a_value(a[row]);
@@ -55,12 +67,16 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
 
   const batch alpha(params.alpha);
   const batch beta(params.beta);
-  const bool read_c = params.beta != 0.0f;
+  const bool read_c = !accumulate && params.beta != 0.0f;
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < rows; ++row) {
     float* c_row = params.c + row * params.ldc;
 #pragma GCC unroll 4
     for (std::size_t v = 0; v < vectors; ++v) {
+      if (accumulate) {
+        acc[row][v].store_unaligned(c_row + v * batch::size);
+        continue;
+      }
       batch result = alpha * acc[row][v];
       if (read_c) result = result + beta * batch::load_unaligned(c_row + v * batch::size);
       result.store_unaligned(c_row + v * batch::size);
@@ -71,11 +87,15 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
 // clang-format 14 splits an immediately invoked template lambda:
 // clang-format off
 template <class Arch, std::size_t MR, std::size_t NR>
-const microkernel_function* gemm_kernels<Arch, MR, NR>::microkernels() {
+const microkernel_function* gemm_kernels<Arch, MR, NR>::microkernels(kv_dtype element) {
   static constexpr auto table = []<std::size_t... Index>(std::index_sequence<Index...>) {
-    return std::array<microkernel_function, sizeof...(Index)>{&microkernel<Index + 1>...};
+    return std::array<std::array<microkernel_function, MR>, stored_dtype_count>{{
+        {&microkernel<float, Index + 1>...},
+        {&microkernel<bf16_bits, Index + 1>...},
+        {&microkernel<f16_bits, Index + 1>...},
+        {&microkernel<std::int8_t, Index + 1>...}}};
   }(std::make_index_sequence<MR>{});
-  return table.data();
+  return table[static_cast<std::size_t>(element)].data();
 }
 // clang-format on
 

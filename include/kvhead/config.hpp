@@ -4,7 +4,7 @@
 //   avx512  AVX-512 F/CD/DQ/BW (xsimd::avx512bw), when the CPU has it AND the
 //           OS saves the AVX-512 register state (XCR0), so a host that hides
 //           AVX-512 never gets SIGILL;
-//   avx2    AVX2 + FMA (xsimd::fma3<xsimd::avx2>);
+//   avx2    AVX2 + FMA + F16C (xsimd::fma3<xsimd::avx2>);
 //   sse2    the portable fallback every x86-64 CPU runs.
 // The environment variable KVHEAD_ISA=avx512|avx2|sse2 forces a lower path (to
 // test a path end to end, or to reproduce results across machines). Asking for
@@ -28,6 +28,13 @@ enum class simd_path { avx512, avx2, sse2 };
 
 /// "avx512", "avx2" or "sse2".
 KVHEAD_API const char* to_string(simd_path path);
+
+/// How a KV cache stores keys and values (kv_cache.hpp, "Element types"):
+/// fp32, bfloat16, IEEE half, or symmetric int8 with one fp32 scale per token.
+enum class kv_dtype { f32, bf16, f16, int8 };
+
+/// "f32", "bf16", "f16" or "int8".
+KVHEAD_API const char* to_string(kv_dtype dtype);
 
 /// The path kvhead uses (best supported, or KVHEAD_ISA). Throws
 /// std::runtime_error when KVHEAD_ISA is unknown or above what the CPU runs.

@@ -8,17 +8,55 @@
 // p % block_size. Several layers of one geometry share one sequence-id space,
 // so one append() reserves a token for all of them.
 //
-// Block layout (fixed; the attention kernels depend on it). With
-// padded_dim = round_up(head_dim, 32) and region_floats = block_size *
-// padded_dim, a block is 2 * num_layers * num_kv_heads regions of
-// region_floats floats: for layer l and kv head h, the K region starts at float
-// ((l * num_kv_heads + h) * 2 + 0) * region_floats of the block and the V
-// region right after it, at ((l * num_kv_heads + h) * 2 + 1) * region_floats.
-// block_bytes() = 2 * num_layers * num_kv_heads * region_floats * 4. The pool
-// is one 64-byte aligned allocation (2 MiB aligned and backed by transparent
-// huge pages where the OS offers them, when it is 2 MiB or more), and
-// block_bytes() is a multiple of 8 KiB, so every block and every region is
-// 64-byte aligned. What a region holds is
+// Element types (kv_cache_config::dtype, fixed at creation). K and V are
+// converted once, when a token is written into its block, and read in place
+// by the attention kernels, which widen them to fp32 in registers (no
+// dequantized copy); scores, softmax, accumulation and the merge stay fp32.
+//   f32   4 bytes per element, stored as given.
+//   bf16  2 bytes: fp32 rounded to nearest even (8 bits of mantissa). NaN stays
+//         NaN (quiet), +-Inf stays +-Inf; finite values too large round to
+//         +-Inf as IEEE rounding does (above ~3.39e38).
+//   f16   2 bytes, IEEE binary16: rounded to nearest even, subnormals kept.
+//         NaN stays NaN, +-Inf stays +-Inf, and finite values of magnitude
+//         65520 or more become +-Inf (f16's range is +-65504).
+//   int8  1 byte: symmetric, one fp32 scale per token and kv head, for K and
+//         for V separately: scale = max|x| / 127 over the row's head_dim
+//         values (fp32 division), q = x / scale (fp32 division) rounded to
+//         nearest even, in [-127, 127]; an all-zero row has scale 0 and
+//         stores zeros. A row holding a NaN or an Inf is stored with a NaN
+//         scale (and zeros), so every output attending to that token is NaN,
+//         never a silent finite value. The kernels fold K's scale into each
+//         key's scores and V's scale into each key's probabilities.
+// Accuracy (layer output against the same layer over an f32 cache, max
+// |difference| / max |f32 output|, random layers with past >= 1000 and
+// head_dim 128, tests/kv_dtype_test.cpp, which derives a bound from each
+// dtype's rounding): bf16 <= 1e-2, f16 <= 2e-3, int8 <= 3e-2; measured on a
+// random layer at past 1024-1039: bf16 1.1e-3, f16 1.5e-4, int8 4.2e-3.
+// Results stay bit-identical across thread counts, chunking of the tokens,
+// batching and block sizes for each dtype and SIMD path.
+//
+// Block layout (fixed; the attention kernels depend on it). With E the
+// element size (4, 2, 2, 1 bytes), region_elements = max(head_dim *
+// round_up(block_size, 32), block_size * round_up(head_dim, 32)) and
+// region_bytes = round_up(region_elements * E, 64) (+ round_up(4 *
+// block_size, 64) for int8: the block's fp32 scales, one per token), a block
+// is 2 * num_layers * num_kv_heads regions of region_bytes: for layer l and
+// kv head h, the K region starts at byte ((l * num_kv_heads + h) * 2 + 0) *
+// region_bytes of the block and the V region right after it.
+// block_bytes() = 2 * num_layers * num_kv_heads * region_bytes
+// (kv_cache_block_bytes computes it from a configuration). 32 is the widest
+// GEMM panel of any SIMD path: a 16-token block's keys are padded to 32
+// columns, so it takes as much memory as a 32-token block. One block of a
+// Llama-3-8B-shaped cache (32 layers, 8 kv heads, head_dim 128):
+//   block_size    f32        bf16 / f16   int8
+//   16, 32        8 MiB      4 MiB        2.03 / 2.06 MiB
+//   64            16 MiB     8 MiB        4.125 MiB
+//   128           32 MiB     16 MiB       8.25 MiB
+//   256           64 MiB     32 MiB       16.5 MiB
+// (a one-token sequence pins one block). The pool is one 64-byte aligned
+// allocation (2 MiB aligned and backed by transparent huge pages where the
+// OS offers them, when it is 2 MiB or more), so every block and every region
+// is 64-byte aligned. What a region holds is
 // the kernels' business; a freshly reserved block holds unspecified values
 // (the pool is not zeroed, blocks are recycled as they are).
 //
@@ -88,6 +126,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "kvhead/config.hpp"
 #include "kvhead/export.h"
 
 namespace kvhead {
@@ -96,20 +135,32 @@ namespace engine {
 struct kv_cache_internals;
 }
 
-/// Tokens per block when kv_cache_config::block_size is 0. Chosen by
-/// benchmark (`decode_block_size` in kvhead_bench, S1's shape): a 256-token
-/// block is exactly one attention chunk and is read in place, while 32-128
-/// token blocks are copied into a chunk first and decode 1.5x slower. Smaller
-/// blocks waste less memory on short or forked sequences.
+/// Tokens per block when kv_cache_config::block_size is 0. Every block size
+/// (16, 32, 64, 128, 256) is read in place by the kernels, with the same
+/// results; chosen by benchmark (`decode_block_size` and
+/// `decode_block_size_bf16` in kvhead_bench, S1's shape, 1 thread, Zen 3
+/// under load, CPU time medians of 3): f32 16: 6.3 ms, 32: 4.4, 64: 4.1,
+/// 128: 4.0, 256: 3.7; bf16 3.8, 2.7, 2.2, 2.7, 2.4 ms. Small blocks cost
+/// more because each (layer, kv head) of a block is two short streams (K and
+/// V, 8 KiB each at 16 f32 tokens, d 128) that the hardware prefetchers pick
+/// up anew, and P·V runs in block-deep pieces. Smaller blocks waste less
+/// memory on short or forked sequences.
 inline constexpr std::size_t kv_cache_default_block_size = 256;
 
 struct kv_cache_config {
   std::size_t num_layers = 1;      // layers of one geometry sharing one sequence-id space
   std::size_t num_kv_heads = 0;    // G
   std::size_t head_dim = 0;        // d (rows are padded to a multiple of 32 floats)
-  std::size_t block_size = 0;      // tokens per block: 32, 64, 128 or 256; 0 = default
+  std::size_t block_size = 0;      // tokens per block: 16, 32, 64, 128 or 256; 0 = default
   std::size_t capacity_bytes = 0;  // pool budget: floor(capacity_bytes / block_bytes) blocks, at least 1
+  kv_dtype dtype = kv_dtype::f32;  // how K and V are stored ("Element types")
 };
+
+/// block_bytes() of a cache created with `config` (block_size 0: the
+/// default; capacity_bytes ignored), from the "Block layout" formula above:
+/// what tools and benchmarks size pools with. Throws std::invalid_argument
+/// as the constructor does for an invalid geometry.
+KVHEAD_API std::size_t kv_cache_block_bytes(const kv_cache_config& config);
 
 using sequence_id = std::uint64_t;
 
@@ -132,6 +183,8 @@ class KVHEAD_API kv_cache {
 
   /// The configuration, with block_size resolved (never 0).
   const kv_cache_config& config() const;
+  /// How K and V are stored (config().dtype).
+  kv_dtype dtype() const;
 
   /// A new empty sequence. Ids start at 1 and are never reused by this cache.
   sequence_id create();
