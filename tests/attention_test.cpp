@@ -281,7 +281,7 @@ TEST_CASE("attention rejects bad arguments with a message naming them") {
   const head_tensor<const float> overlapping{q.data(), 0, 4, 2};  // rows 2 floats apart, head_dim 4
   CHECK_THROWS_WITH_AS(
       kvhead::scaled_dot_product_attention({1, 2, 2, 2, 2, 4}, cview(q), overlapping, cview(q), view(out)),
-      doctest::Contains("k and v rows overlap"), std::invalid_argument);
+      doctest::Contains("k rows overlap (seq_stride 2 < head_dim 4)"), std::invalid_argument);
 }
 
 TEST_CASE("attention determinism: one query alone is bit-identical to the same query inside a prefill") {

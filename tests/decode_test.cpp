@@ -1,18 +1,30 @@
 // Incremental decoding over the KV cache equals the full causal forward, bit
 // for bit: token by token, chunked prefill, ragged batches, forks, truncation,
-// every block size.
+// every block size; the cache's isolation (written-up-to marks) on every path
+// that could read or overwrite another sequence's K/V; several threads
+// decoding in one cache.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include <tbb/task_arena.h>
+
+#include "engine/cache/kv_cache_internals.hpp"
 #include "kvhead/attention.hpp"
 #include "kvhead/config.hpp"
 #include "kvhead/kv_cache.hpp"
 #include "tests/random_values.hpp"
+#include "tests/thread_sanitizer.hpp"
 
 namespace {
 
@@ -226,4 +238,391 @@ TEST_CASE("set_num_threads: calls run in an arena of that size, with the same bi
   kvhead::set_num_threads(0);
   CHECK(kvhead::num_threads() == 0);
   CHECK_THROWS_AS(kvhead::set_num_threads(5000), std::invalid_argument);
+}
+
+// ------------------------------------------------------------ isolation
+// Each (sequence, layer) has a written-up-to mark (kv_cache.hpp, "Writing"). The
+// pools below hold NaN everywhere at first, as recycled blocks hold anything:
+// a forward that read a position no forward wrote for that layer would give
+// NaN, so every accepted call is also checked bit for bit against the
+// cache-free forward.
+
+namespace {
+
+using kvhead::engine::kv_cache_internals;
+
+// 8 MiB: a few hundred blocks of these tests' geometry.
+kvhead::kv_cache make_poisoned_cache(const kvhead::attention_config& config, std::size_t block_size,
+                                     std::size_t layers = 1) {
+  kvhead::kv_cache cache({layers, config.num_kv_heads, config.head_dim, block_size, 8u << 20});
+  float* pool = kv_cache_internals::block_data(cache, 0);
+  std::fill(pool, pool + cache.total_blocks() * cache.block_bytes() / sizeof(float),
+            std::numeric_limits<float>::quiet_NaN());
+  return cache;
+}
+
+std::size_t mark(const kvhead::kv_cache& cache, kvhead::sequence_id id, std::size_t layer) {
+  return kv_cache_internals::state(cache, id, layer).written;
+}
+
+// The bytes of the blocks of a sequence (every layer), to show a refused call wrote nothing.
+std::vector<unsigned char> block_bytes_of(const kvhead::kv_cache& cache, kvhead::sequence_id id) {
+  std::size_t count = 0;
+  const std::uint32_t* table = kv_cache_internals::block_table(cache, id, &count);
+  std::vector<unsigned char> bytes;
+  for (std::size_t b = 0; b < count; ++b) {
+    const auto* data = reinterpret_cast<const unsigned char*>(kv_cache_internals::block_data(cache, table[b]));
+    bytes.insert(bytes.end(), data, data + cache.block_bytes());
+  }
+  return bytes;
+}
+
+// Two layers of one geometry over a two-layer cache: the second reads the first's output.
+struct layer_stack {
+  layer_fixture first{gqa_rope, 3}, second{gqa_rope, 11};
+  std::size_t d_model() const { return first.config.d_model; }
+  std::vector<float> full(const std::vector<float>& x, std::size_t seq) const {
+    return second.full(first.full(x, seq), seq);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("decode isolation: truncate then forward without a new append is refused" *
+          doctest::test_suite("isolation")) {
+  layer_fixture f(gqa_rope);
+  const std::size_t d_model = f.config.d_model;
+  std::mt19937 generator(21);
+  const std::vector<float> x = random_values(40 * d_model, generator, 1.0f);
+  const std::vector<float> expected = f.full(x, 40);
+  kvhead::kv_cache cache = make_poisoned_cache(f.config, 32);
+  const kvhead::sequence_id a = cache.create();
+  cache.append(a, 40);
+  CHECK(mark(cache, a, 0) == 0);  // append reserves, writes nothing
+  std::vector<float> y(40 * d_model);
+  f.layer.forward(cache, 0, {{a, 40}}, x.data(), y.data());
+  CHECK(mark(cache, a, 0) == 40);
+  cache.truncate(a, 30);
+  CHECK(mark(cache, a, 0) == 30);
+  const std::vector<unsigned char> before = block_bytes_of(cache, a);
+  for (const std::size_t tokens : {std::size_t{10}, std::size_t{5}, std::size_t{1}}) {
+    CAPTURE(tokens);
+    const std::string message =
+        "sequence 1, layer 0: " + std::to_string(tokens) + " new tokens, but it is written up to 30 of length 30";
+    CHECK_THROWS_WITH_AS(f.layer.forward(cache, 0, {{a, tokens}}, x.data(), y.data()),
+                         doctest::Contains(message.c_str()), std::invalid_argument);
+  }
+  CHECK(block_bytes_of(cache, a) == before);
+  CHECK(mark(cache, a, 0) == 30);
+  cache.append(a, 10);
+  f.layer.forward(cache, 0, {{a, 10}}, x.data() + 30 * d_model, y.data());
+  CHECK(same_bits(y.data(), expected.data() + 30 * d_model, 10 * d_model));
+  CHECK(mark(cache, a, 0) == 40);
+}
+
+TEST_CASE("decode isolation: forward on a fork without a new append is refused and the parent is untouched" *
+          doctest::test_suite("isolation")) {
+  layer_fixture f(gqa_rope);
+  const std::size_t d_model = f.config.d_model, prefix = 45;
+  std::mt19937 generator(22);
+  const std::vector<float> x = random_values((prefix + 2) * d_model, generator, 1.0f);
+  const std::vector<float> expected = f.full(x, prefix + 2);
+  std::vector<float> y((prefix + 2) * d_model);
+  kvhead::kv_cache cache = make_poisoned_cache(f.config, 32);
+  const kvhead::sequence_id a = cache.create();
+  cache.append(a, prefix);
+  f.layer.forward(cache, 0, {{a, prefix}}, x.data(), y.data());
+
+  SUBCASE("fork after the forward: the child's re-forward of the tail is refused") {
+    const kvhead::sequence_id b = cache.fork(a);
+    CHECK(mark(cache, b, 0) == prefix);  // fork copies the marks
+    const std::vector<unsigned char> shared = block_bytes_of(cache, a);
+    CHECK_THROWS_WITH_AS(f.layer.forward(cache, 0, {{b, 13}}, x.data(), y.data()),
+                         doctest::Contains("written up to 45 of length 45"), std::invalid_argument);
+    CHECK_THROWS_AS(f.layer.forward(cache, 0, {{a, 1}, {b, 1}}, x.data(), y.data()), std::invalid_argument);
+    CHECK(block_bytes_of(cache, a) == shared);
+    // Each branch goes on after an append (b's copy-on-write leaves a's block).
+    for (const kvhead::sequence_id id : {b, a}) {
+      cache.append(id, 1);
+      f.layer.forward(cache, 0, {{id, 1}}, x.data() + prefix * d_model, y.data());
+      CHECK(same_bits(y.data(), expected.data() + prefix * d_model, d_model));
+    }
+  }
+  SUBCASE("fork between the append and the forward: both refuse to write the shared block") {
+    cache.append(a, 2);
+    const kvhead::sequence_id b = cache.fork(a);
+    CHECK(mark(cache, b, 0) == prefix);
+    const std::vector<unsigned char> shared = block_bytes_of(cache, a);
+    for (const kvhead::sequence_id id : {a, b}) {
+      CAPTURE(id);
+      CHECK_THROWS_WITH_AS(f.layer.forward(cache, 0, {{id, 2}}, x.data() + prefix * d_model, y.data()),
+                           doctest::Contains("positions from 45 to 47 lie in block 1, shared by 2 sequences"),
+                           std::invalid_argument);
+    }
+    CHECK(block_bytes_of(cache, a) == shared);
+    for (const kvhead::sequence_id id : {a, b}) {  // the way out: truncate to the mark, append again
+      cache.truncate(id, prefix);
+      cache.append(id, 2);
+      f.layer.forward(cache, 0, {{id, 2}}, x.data() + prefix * d_model, y.data());
+      CHECK(same_bits(y.data(), expected.data() + prefix * d_model, 2 * d_model));
+    }
+  }
+}
+
+TEST_CASE("decode isolation: a layer skipped is refused until its positions are written" *
+          doctest::test_suite("isolation")) {
+  const layer_stack stack;
+  const std::size_t d_model = stack.d_model(), seq = 12;
+  std::mt19937 generator(23);
+  const std::vector<float> x = random_values(seq * d_model, generator, 1.0f);
+  const std::vector<float> hidden = stack.first.full(x, seq), expected = stack.second.full(hidden, seq);
+  for (const std::size_t block_size : {32, 256}) {
+    CAPTURE(block_size);
+    kvhead::kv_cache cache = make_poisoned_cache(stack.first.config, block_size, 2);
+    const kvhead::sequence_id s = cache.create();
+    std::vector<float> y(seq * d_model);
+    cache.append(s, 10);
+    stack.first.layer.forward(cache, 0, {{s, 10}}, x.data(), y.data());
+    stack.second.layer.forward(cache, 1, {{s, 10}}, hidden.data(), y.data());
+    cache.append(s, 1);
+    stack.first.layer.forward(cache, 0, {{s, 1}}, x.data() + 10 * d_model, y.data());  // layer 1 skipped
+    cache.append(s, 1);
+    stack.first.layer.forward(cache, 0, {{s, 1}}, x.data() + 11 * d_model, y.data());
+    CHECK(mark(cache, s, 0) == 12);
+    CHECK(mark(cache, s, 1) == 10);
+    CHECK_THROWS_WITH_AS(
+        stack.second.layer.forward(cache, 1, {{s, 1}}, hidden.data() + 11 * d_model, y.data()),
+        doctest::Contains("sequence 1, layer 1: 1 new tokens, but it is written up to 10 of length 12"),
+        std::invalid_argument);
+    CHECK_THROWS_WITH_AS(stack.first.layer.forward(cache, 0, {{s, 1}}, x.data() + 11 * d_model, y.data()),
+                         doctest::Contains("layer 0: 1 new tokens, but it is written up to 12 of length 12"),
+                         std::invalid_argument);
+    // Writing the skipped position with the next one catches up.
+    stack.second.layer.forward(cache, 1, {{s, 2}}, hidden.data() + 10 * d_model, y.data());
+    CHECK(same_bits(y.data(), expected.data() + 10 * d_model, 2 * d_model));
+    CHECK(mark(cache, s, 1) == 12);
+  }
+}
+
+TEST_CASE("decode isolation: after an exception between layers the step is redone from the lowest mark" *
+          doctest::test_suite("isolation")) {
+  const layer_stack stack;
+  const std::size_t d_model = stack.d_model(), seq = 9;
+  std::mt19937 generator(24);
+  const std::vector<float> x = random_values(seq * d_model, generator, 1.0f);
+  const std::vector<float> hidden = stack.first.full(x, seq), expected = stack.second.full(hidden, seq);
+  kvhead::kv_cache cache = make_poisoned_cache(stack.first.config, 32, 2);
+  const kvhead::sequence_id s = cache.create();
+  std::vector<float> h(d_model), y(seq * d_model);
+  // One token per step through both layers; step 5 fails between the layers.
+  const auto step = [&](std::size_t t, bool fail_between) {
+    cache.append(s, 1);
+    stack.first.layer.forward(cache, 0, {{s, 1}}, x.data() + t * d_model, h.data());
+    if (fail_between) throw std::runtime_error("the caller's code failed between layers");
+    stack.second.layer.forward(cache, 1, {{s, 1}}, h.data(), y.data() + t * d_model);
+  };
+  for (std::size_t t = 0; t < 5; ++t) step(t, false);
+  CHECK_THROWS_AS(step(5, true), std::runtime_error);
+  CHECK(mark(cache, s, 0) == 6);
+  CHECK(mark(cache, s, 1) == 5);
+  // Going on regardless is refused at layer 1, before it writes or attends.
+  cache.append(s, 1);
+  stack.first.layer.forward(cache, 0, {{s, 1}}, x.data() + 6 * d_model, h.data());
+  CHECK_THROWS_WITH_AS(stack.second.layer.forward(cache, 1, {{s, 1}}, h.data(), y.data()),
+                       doctest::Contains("layer 1: 1 new tokens, but it is written up to 5 of length 7"),
+                       std::invalid_argument);
+  // Redo from the lowest mark: truncate lowers both marks to 5.
+  cache.truncate(s, 5);
+  CHECK(mark(cache, s, 0) == 5);
+  for (std::size_t t = 5; t < seq; ++t) step(t, false);
+  CHECK(same_bits(y.data(), expected.data(), seq * d_model));
+}
+
+TEST_CASE("decode isolation: a recycled block's old K/V are never attended" * doctest::test_suite("isolation")) {
+  const layer_stack stack;
+  const std::size_t d_model = stack.d_model(), seq = 6;
+  std::mt19937 generator(25);
+  const std::vector<float> x = random_values(seq * d_model, generator, 1.0f);
+  const std::vector<float> hidden = stack.first.full(x, seq), expected = stack.second.full(hidden, seq);
+  // A cache of one block: the old sequence's K/V (finite, large) stay in it
+  // after its free, unless a debug build poisons it.
+  kvhead::kv_cache_config one_block{2, stack.first.config.num_kv_heads, stack.first.config.head_dim, 32, 1u << 20};
+  one_block.capacity_bytes = kvhead::kv_cache(one_block).block_bytes();
+  kvhead::kv_cache cache(one_block);
+  REQUIRE(cache.total_blocks() == 1);
+  {
+    const std::vector<float> loud = random_values(32 * d_model, generator, 100.0f);
+    std::vector<float> scratch(loud.size());
+    const kvhead::sequence_id old = cache.create();
+    cache.append(old, 32);
+    stack.first.layer.forward(cache, 0, {{old, 32}}, loud.data(), scratch.data());
+    stack.second.layer.forward(cache, 1, {{old, 32}}, loud.data(), scratch.data());
+    cache.free(old);
+  }
+  const kvhead::sequence_id s = cache.create();
+  // h: layer 0's outputs (unused: `hidden` holds them); y: the stack's.
+  std::vector<float> h(seq * d_model), y(seq * d_model);
+  cache.append(s, 3);
+  stack.first.layer.forward(cache, 0, {{s, 3}}, x.data(), h.data());  // layer 1 left unwritten
+  cache.append(s, 1);
+  stack.first.layer.forward(cache, 0, {{s, 1}}, x.data() + 3 * d_model, h.data());
+  // Layer 1's positions 0-2 still hold the old sequence's keys: refused.
+  CHECK_THROWS_WITH_AS(stack.second.layer.forward(cache, 1, {{s, 1}}, hidden.data() + 3 * d_model, y.data()),
+                       doctest::Contains("written up to 0 of length 4"), std::invalid_argument);
+  stack.second.layer.forward(cache, 1, {{s, 4}}, hidden.data(), y.data());
+  cache.append(s, 2);
+  stack.first.layer.forward(cache, 0, {{s, 2}}, x.data() + 4 * d_model, h.data());
+  stack.second.layer.forward(cache, 1, {{s, 2}}, hidden.data() + 4 * d_model, y.data() + 4 * d_model);
+  CHECK(same_bits(y.data(), expected.data(), seq * d_model));
+}
+
+// ------------------------------------------------------------ threads
+// Several threads decode their own sequences in one shared cache, all forked
+// from one shared root (so they read blocks other threads hold, and
+// copy-on-write runs in several threads at once): a seeded schedule per
+// thread of create, append + decode through both layers (single tokens,
+// prefill chunks, ragged batches of several sequences), fork, truncate and
+// free. Each thread's outputs must equal, bit for bit, a one-thread replay of
+// the same schedules, which checks every step against the cache-free forward.
+//
+// Under ThreadSanitizer every thread runs in a one-thread task arena (and
+// oneTBB runs no worker at all: tests/thread_sanitizer.cpp says why); elsewhere
+// the arenas have two threads (results never depend on the thread count).
+
+namespace {
+
+using kvhead::testing::under_thread_sanitizer;
+
+struct stress_run {
+  static constexpr std::size_t threads = 4, steps = 120, max_sequences = 6, max_length = 150, root_length = 45;
+
+  const layer_stack& stack;
+  kvhead::kv_cache cache;
+  kvhead::sequence_id root = 0;
+  std::vector<float> root_x;
+
+  explicit stress_run(const layer_stack& s)
+      : stack(s), cache(make_poisoned_cache(s.first.config, 32, 2)) {
+    std::mt19937 generator(99);
+    root_x = random_values(root_length * s.d_model(), generator, 1.0f);
+    root = cache.create();
+    cache.append(root, root_length);
+    std::vector<float> h(root_x.size()), y(root_x.size());
+    stack.first.layer.forward(cache, 0, {{root, root_length}}, root_x.data(), h.data());
+    stack.second.layer.forward(cache, 1, {{root, root_length}}, h.data(), y.data());
+  }
+
+  struct sequence {
+    kvhead::sequence_id id;
+    std::vector<float> x;  // the inputs of its positions so far, [length, d_model]
+  };
+
+  // Thread t's schedule. Returns every output row it decoded, in order; with
+  // `check`, also compares each step with the cache-free forward (the
+  // replay), counting mismatches in *wrong.
+  std::vector<float> work(std::size_t t, bool check, std::size_t* wrong) {
+    const std::size_t d_model = stack.d_model();
+    std::mt19937 random(static_cast<std::uint32_t>(7000 + t));
+    std::vector<sequence> mine = {{cache.fork(root), root_x}};
+    std::vector<float> outputs, x, h, y;
+    std::vector<kvhead::sequence_tokens> batch;
+    for (std::size_t step = 0; step < steps; ++step) {
+      const unsigned op = random() % 20;
+      const std::size_t pick = random() % mine.size();
+      if (op < 2 && mine.size() < max_sequences) {  // create
+        mine.push_back({cache.create(), {}});
+      } else if (op < 4 && mine.size() < max_sequences) {  // fork
+        mine.push_back({cache.fork(mine[pick].id), mine[pick].x});
+      } else if (op < 7) {  // truncate
+        sequence& s = mine[pick];
+        const std::size_t length = random() % (s.x.size() / d_model + 1);
+        cache.truncate(s.id, length);
+        s.x.resize(length * d_model);
+      } else if (op < 8 && mine.size() > 1) {  // free
+        cache.free(mine[pick].id);
+        mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(pick));
+      } else {  // decode a batch of 1-3 sequences, mostly single tokens
+        const std::size_t count = 1 + random() % std::min<std::size_t>(3, mine.size());
+        batch.clear();
+        x.clear();
+        for (std::size_t i = 0; i < count; ++i) {
+          sequence& s = mine[(pick + i) % mine.size()];
+          const std::size_t tokens = random() % 4 == 0 ? 1 + random() % 20 : 1;
+          if (s.x.size() / d_model + tokens > max_length) {
+            cache.truncate(s.id, root_length);
+            s.x.resize(root_length * d_model);
+          }
+          const std::vector<float> rows = random_values(tokens * d_model, random, 1.0f);
+          cache.append(s.id, tokens);
+          batch.push_back({s.id, tokens});
+          x.insert(x.end(), rows.begin(), rows.end());
+          s.x.insert(s.x.end(), rows.begin(), rows.end());
+        }
+        h.resize(x.size());
+        y.resize(x.size());
+        stack.first.layer.forward(cache, 0, batch, x.data(), h.data());
+        stack.second.layer.forward(cache, 1, batch, h.data(), y.data());
+        outputs.insert(outputs.end(), y.begin(), y.end());
+        if (check) {
+          std::size_t row = 0;
+          for (std::size_t i = 0; i < count; ++i) {
+            const sequence& s = mine[(pick + i) % mine.size()];
+            const std::size_t length = s.x.size() / d_model, tokens = batch[i].tokens;
+            const std::vector<float> expected = stack.full(s.x, length);
+            *wrong += !same_bits(y.data() + row * d_model, expected.data() + (length - tokens) * d_model,
+                                 tokens * d_model);
+            row += tokens;
+          }
+        }
+      }
+    }
+    for (const sequence& s : mine) cache.free(s.id);
+    return outputs;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("decode stress: threads decoding forked and truncated sequences of one cache equal a one-thread replay" *
+          doctest::test_suite("concurrency")) {
+  const layer_stack stack;
+  constexpr std::size_t threads = stress_run::threads;
+  const int arena_threads = under_thread_sanitizer ? 1 : 2;
+
+  stress_run concurrent(stack);
+  std::vector<std::vector<float>> outputs(threads);
+  std::vector<std::string> failures(threads);
+  std::atomic<std::size_t> started{0};
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      tbb::task_arena arena(arena_threads);
+      started.fetch_add(1);
+      while (started.load() < threads) std::this_thread::yield();  // all start together
+      try {
+        arena.execute([&] { outputs[t] = concurrent.work(t, false, nullptr); });
+      } catch (const std::exception& error) {
+        failures[t] = error.what();
+      }
+    });
+  for (std::thread& thread : pool) thread.join();
+  for (std::size_t t = 0; t < threads; ++t) {
+    CAPTURE(t);
+    CHECK(failures[t] == "");
+  }
+  concurrent.cache.free(concurrent.root);
+  CHECK(concurrent.cache.free_blocks() == concurrent.cache.total_blocks());
+
+  stress_run replay(stack);
+  tbb::task_arena one(1);
+  for (std::size_t t = 0; t < threads; ++t) {
+    CAPTURE(t);
+    std::size_t wrong = 0;
+    std::vector<float> expected;
+    one.execute([&] { expected = replay.work(t, true, &wrong); });
+    CHECK(wrong == 0);
+    CHECK(expected.size() > 1000);
+    REQUIRE(outputs[t].size() == expected.size());
+    CHECK(same_bits(outputs[t].data(), expected.data(), expected.size()));
+  }
 }

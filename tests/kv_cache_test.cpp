@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -616,12 +617,85 @@ TEST_CASE("kv_cache: move-only; a moved cache keeps its sequences") {
   CHECK(third.create() == id + 1);
 }
 
+// The written-up-to marks (kv_cache.hpp, "Writing"), per layer: 0 for a new
+// sequence, kept by append, lowered by truncate, copied by fork.
+TEST_CASE("kv_cache: written-up-to marks are kept by append and lowered by truncate and copied by fork" *
+          doctest::test_suite("isolation")) {
+  kv_cache cache(small_config(32, 8));
+  const auto marks = [&](sequence_id id) {
+    return std::vector<std::size_t>{kv_cache_internals::state(cache, id, 0).written,
+                                    kv_cache_internals::state(cache, id, 1).written};
+  };
+  const sequence_id a = cache.create();
+  CHECK(marks(a) == std::vector<std::size_t>{0, 0});
+  cache.append(a, 70);
+  CHECK(marks(a) == std::vector<std::size_t>{0, 0});
+  kv_cache_internals::set_written(cache, a, 0, 70);
+  kv_cache_internals::set_written(cache, a, 1, 50);
+  const kv_cache_internals::layer_state state = kv_cache_internals::state(cache, a, 1);
+  CHECK(state.length == 70);
+  CHECK(state.blocks == 3);
+  CHECK(std::vector<std::uint32_t>(state.table, state.table + state.blocks) == table_of(cache, a));
+  cache.append(a, 5);
+  CHECK(marks(a) == std::vector<std::size_t>{70, 50});
+  const sequence_id b = cache.fork(a);
+  CHECK(marks(b) == std::vector<std::size_t>{70, 50});
+  cache.truncate(a, 60);
+  CHECK(marks(a) == std::vector<std::size_t>{60, 50});
+  cache.truncate(a, 10);
+  CHECK(marks(a) == std::vector<std::size_t>{10, 10});
+  CHECK(marks(b) == std::vector<std::size_t>{70, 50});  // the fork's own
+  CHECK(kv_cache_internals::references(cache, table_of(cache, a)[0]) == 2);
+  CHECK(kv_cache_internals::references(cache, table_of(cache, b)[2]) == 1);
+  const std::uint32_t dropped = table_of(cache, b)[2];
+  cache.free(b);
+  CHECK(kv_cache_internals::references(cache, dropped) == 0);
+  CHECK_THROWS_AS((void)kv_cache_internals::state(cache, b, 0), kv_cache_error);
+}
+
+// Debug builds (NDEBUG not defined) fill a block with NaN when its last
+// reference goes (free, truncate, the source of a copy-on-write); release
+// builds leave it as it was. Blocks still held are never touched.
+TEST_CASE("kv_cache: a debug build poisons blocks returning to the pool with NaN" *
+          doctest::test_suite("isolation")) {
+#ifdef NDEBUG
+  CHECK_FALSE(kv_cache_internals::poisons_freed_blocks());
+#else
+  CHECK(kv_cache_internals::poisons_freed_blocks());
+#endif
+  const bool poisons = kv_cache_internals::poisons_freed_blocks();
+  kv_cache cache(small_config(32, 6));
+  const auto all = [&](std::uint32_t block, bool nan) {
+    const float* data = kv_cache_internals::block_data(std::as_const(cache), block);
+    return std::all_of(data, data + cache.block_bytes() / sizeof(float),
+                       [&](float value) { return std::isnan(value) == nan; });
+  };
+  const sequence_id a = cache.create();
+  cache.append(a, 70);
+  write_tokens(cache, a, 0, 70, 1);
+  const std::vector<std::uint32_t> table = table_of(cache, a);
+  const sequence_id b = cache.fork(a);
+  cache.truncate(a, 40);  // block 2 still held by b
+  CHECK(all(table[2], false));
+  cache.free(b);          // now block 2's last reference goes
+  CHECK(all(table[2], poisons));
+  CHECK(all(table[0], false));
+  cache.append(a, 1);     // in place: block 1 is a's alone
+  const sequence_id c = cache.fork(a);
+  cache.append(c, 1);     // copy-on-write: the source keeps a's reference
+  CHECK(all(table[1], false));
+  cache.free(a);          // block 1's last reference goes; block 0 is c's still
+  CHECK(all(table[1], poisons));
+  CHECK(mismatches(cache, c, std::vector<unsigned char>(41, 1)) == 0);
+}
+
 // One thread's copy-on-write must be ordered before the other holder's
 // in-place write of the source block. The child's thread signals through a
 // relaxed atomic, which orders nothing for ThreadSanitizer: only the cache's
 // own lock can make the copy happen before the parent's write. A cache that
 // dropped its reference before copying gets a race report here (checked).
-TEST_CASE("kv_cache: concurrent copy-on-write is ordered before the last holder writes in place") {
+TEST_CASE("kv_cache: concurrent copy-on-write is ordered before the last holder writes in place" *
+          doctest::test_suite("concurrency")) {
   for (int round = 0; round < 8; ++round) {
     CAPTURE(round);
     kv_cache cache(small_config(32, 4));
@@ -661,7 +735,8 @@ TEST_CASE("kv_cache: concurrent copy-on-write is ordered before the last holder 
 // kernel would) / fork / truncate / free / verify on its own sequences, with a
 // model of the expected tag of every token. The pool is small, so appends
 // also fail for lack of capacity, which must leave the sequence unchanged.
-TEST_CASE("kv_cache: concurrent create/append/fork/truncate/free on distinct sequences") {
+TEST_CASE("kv_cache: concurrent create/append/fork/truncate/free on distinct sequences" *
+          doctest::test_suite("concurrency")) {
   constexpr std::size_t threads = 4, iterations = 300, block_size = 32;
   kv_cache cache(small_config(block_size, 20));
   const std::size_t total = cache.total_blocks();

@@ -74,7 +74,7 @@ TEST_CASE("safetensors: F32 loads bitwise, at any alignment, scalars included") 
   for (const std::uint32_t b : bits) values.push_back(std::bit_cast<float>(b));
   temp_dir dir;
   // An F16 scalar first (2 bytes) and a header of odd length: "m" and "s"
-  // start at odd addresses in the (page-aligned) mapping.
+  // start at odd offsets in the file.
   std::string header = R"({"h":{"dtype":"F16","shape":[],"data_offsets":[0,2]},)"
                        R"("m":{"dtype":"F32","shape":[2,4],"data_offsets":[2,34]},)"
                        R"("s":{"dtype":"F32","shape":[],"data_offsets":[34,38]}})";
@@ -177,21 +177,56 @@ TEST_CASE("safetensors: metadata, sorted names, info, empty and zero-size tensor
   }
   // The smallest header, "{}", and a header padded with spaces.
   CHECK(open_bytes(dir, safetensors_bytes("{}", "")).tensor_names().empty());
-  CHECK(open_bytes(dir, safetensors_bytes("{}      ", "trailing")).tensor_names().empty());
-  // Zero-size tensors anywhere, even at the very end or inside another range.
+  CHECK(open_bytes(dir, safetensors_bytes("{}      ", "")).tensor_names().empty());
+  // Zero-size tensors at a boundary: the start, between two tensors, the end.
   const safetensors_file file =
-      open_bytes(dir, safetensors_bytes("{" + tensor_a +
-                                            R"(,"e1":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},)"
-                                            R"("e2":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
+      open_bytes(dir, safetensors_bytes(R"({"e0":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
+                                        R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},)"
+                                        R"("e1":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},)"
+                                        R"("e2":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                                        R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
                                         data_a));
-  CHECK(file.tensor_names().size() == 3);
-  // Gaps between tensors are allowed.
-  CHECK(open_bytes(dir,
-                   safetensors_bytes(R"({"b":{"dtype":"F16","shape":[1],"data_offsets":[6,8]}})", std::string(8, '\0')))
-            .load_f32("b") == std::vector<float>{0.0f});
+  CHECK(file.tensor_names().size() == 5);
 }
 
-TEST_CASE("safetensors: the handle is move-only and keeps its mapping") {
+TEST_CASE("safetensors: the tensors tile the data section exactly, in any header order") {
+  const std::string data(12, '\0');
+  // Unsorted but tiling: accepted.
+  temp_dir dir;
+  const safetensors_file file = open_bytes(
+      dir, safetensors_bytes(R"({"c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},)"
+                             R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                             R"("b":{"dtype":"F16","shape":[2],"data_offsets":[4,8]}})",
+                             data));
+  CHECK(file.info("c").begin == 8);
+  // A gap at the start and between tensors.
+  check_rejected(R"({"b":{"dtype":"F16","shape":[1],"data_offsets":[6,8]}})", data_a,
+                 "data bytes [0, 6] before tensor 'b' [6, 8] belong to no tensor (the tensors must tile");
+  check_rejected(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                 R"("c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                 data, "data bytes [4, 8] before tensor 'c' [8, 12] belong to no tensor");
+  // Trailing bytes, with tensors and without.
+  check_rejected("{" + tensor_a + "}", data_a + "xy", "data section is 10 bytes, but the tensors end at byte 8: trailing bytes");
+  check_rejected("{}      ", "trailing", "data section is 8 bytes, but the tensors end at byte 0: trailing bytes");
+  // A zero-size tensor inside another tensor's range.
+  check_rejected("{" + tensor_a + R"(,"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})", data_a,
+                 "tensors 'a' [0, 8] and 'e' [4, 4] overlap");
+}
+
+TEST_CASE("safetensors: at most 100,000 tensors") {
+  // Zero-size tensors at offset 0: the count alone decides.
+  auto header = [](std::size_t tensors) {
+    std::string text = "{";
+    for (std::size_t i = 0; i < tensors; ++i)
+      text += (i == 0 ? "\"t" : ",\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
+    return text + "}";
+  };
+  temp_dir dir;
+  CHECK(open_bytes(dir, safetensors_bytes(header(100'000), "")).tensor_names().size() == 100'000);
+  check_rejected(header(100'001), "", "header has more than 100000 tensors");
+}
+
+TEST_CASE("safetensors: the handle is move-only and keeps its file") {
   static_assert(!std::is_copy_constructible_v<safetensors_file>);
   static_assert(std::is_nothrow_move_constructible_v<safetensors_file>);
   temp_dir dir;
@@ -405,24 +440,43 @@ bool is_mapped(const std::string& path) {
   return read_file("/proc/self/maps").find(std::filesystem::canonical(path).string()) != std::string::npos;
 }
 
-TEST_CASE("safetensors: failures and destruction release the descriptor and the mapping") {
+TEST_CASE("safetensors: failures and destruction release the descriptor; the file is never mapped") {
   temp_dir dir;
   const std::string path = dir.file("leak.safetensors");
   const std::size_t descriptors = open_descriptors();
-  // Rejected after mapping (bad header, overlap) and before (too short).
+  // Rejected after reading the header (bad dtype) and before (too short).
   write_file(path, safetensors_bytes(R"({"a":{"dtype":"I8","shape":[2],"data_offsets":[0,2]}})", "xx"));
   for (int i = 0; i < 20; ++i) CHECK_THROWS_AS(safetensors_file{path}, file_error);
-  CHECK_FALSE(is_mapped(path));
   write_file(path, "short");
   CHECK_THROWS_AS(safetensors_file{path}, file_error);
+  CHECK(open_descriptors() == descriptors);
   write_file(path, safetensors_bytes({{"x", "F32", {1}, f32_bytes({1.0f})}}));
   {
     const safetensors_file file(path);
-    CHECK(is_mapped(path));
-    CHECK(open_descriptors() == descriptors);  // closed once mapped
+    CHECK_FALSE(is_mapped(path));
+    CHECK(open_descriptors() == descriptors + 1);  // open while the handle lives
   }
-  CHECK_FALSE(is_mapped(path));
   CHECK(open_descriptors() == descriptors);
+}
+
+TEST_CASE("safetensors: a file truncated while open is a file_error, not SIGBUS") {
+  // With a mapping, touching a page beyond the new end of the file raises
+  // SIGBUS; pread reports the short read instead.
+  temp_dir dir;
+  const std::string path = dir.file("shrinking.safetensors");
+  const std::size_t count = 4096;  // 16 KiB: several pages
+  write_file(path, safetensors_bytes({{"w", "F32", {count}, f32_bytes(std::vector<float>(count, 1.5f))},
+                                      {"h", "BF16", {count}, u16_bytes(std::vector<std::uint16_t>(count, 0x3f80))}}));
+  const safetensors_file file(path);
+  CHECK(file.load_f32("w") == std::vector<float>(count, 1.5f));
+  std::filesystem::resize_file(path, 100);  // the header survives, the data does not
+  CHECK_THROWS_WITH_AS(file.load_f32("w"), doctest::Contains("file ended early"), file_error);
+  CHECK_THROWS_WITH_AS(file.load_f32("h"), doctest::Contains("file ended early"), file_error);
+  try {
+    (void)file.load_f32("w");
+  } catch (const file_error& error) {
+    check_error_message(error, path);
+  }
 }
 
 // A small valid file with every dtype, metadata and a scalar: the seed for

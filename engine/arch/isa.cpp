@@ -13,6 +13,7 @@
 
 #include "engine/arch/kernel_config.hpp"
 #include "kvhead/config.hpp"
+#include "kvhead/version.h"
 
 namespace kvhead {
 namespace {
@@ -82,7 +83,7 @@ simd_path choose_path() {
 
 }  // namespace
 
-const char* version() { return "0.1.0"; }
+const char* version() { return KVHEAD_VERSION_STRING; }
 
 const char* to_string(simd_path path) {
   switch (path) {

@@ -1,11 +1,15 @@
 // The public attention API: validation at the boundary, then the engine.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "engine/arch/checked_size.hpp"
 #include "engine/arch/require.hpp"
 #include "engine/arch/scratch.hpp"
 #include "engine/attention/flash_attention.hpp"
@@ -34,23 +38,85 @@ void validate_heads(const char* where, std::size_t num_heads, std::size_t num_kv
   });
 }
 
+/// The floats a [batch, heads, seq, head_dim] view spans from its data
+/// pointer (the last one it addresses, plus one), or nullopt when they do not
+/// fit in memory after that pointer.
+std::optional<std::size_t> addressed_floats(const head_tensor<const float>& tensor, std::size_t batch,
+                                            std::size_t heads, std::size_t seq, std::size_t head_dim) {
+  std::optional<std::size_t> end = head_dim;
+  for (const auto& [extent, stride] : {std::pair{batch, tensor.batch_stride}, std::pair{heads, tensor.head_stride},
+                                      std::pair{seq, tensor.seq_stride}}) {
+    const std::optional<std::size_t> span = engine::checked_product({extent - 1, stride});
+    end = span && end ? engine::checked_sum(*end, *span) : std::nullopt;
+  }
+  const std::optional<std::size_t> bytes = end ? engine::checked_product({*end, sizeof(float)}) : std::nullopt;
+  if (!bytes || reinterpret_cast<std::uintptr_t>(tensor.data) > UINTPTR_MAX - *bytes) return std::nullopt;
+  return end;
+}
+
+/// Whether the rows of a view are disjoint: with its axes of extent above 1
+/// sorted by stride, each stride is at least the span of the axes inside it
+/// (rows of head_dim floats innermost). Every dense layout (bhsd, bshd, any
+/// permutation, padded or sliced) passes.
+bool rows_disjoint(const head_tensor<float>& tensor, std::size_t batch, std::size_t heads, std::size_t seq,
+                   std::size_t head_dim) {
+  std::pair<std::size_t, std::size_t> axes[3];  // (stride, extent)
+  std::size_t count = 0;
+  for (const auto& [extent, stride] : {std::pair{batch, tensor.batch_stride}, std::pair{heads, tensor.head_stride},
+                                      std::pair{seq, tensor.seq_stride}})
+    if (extent > 1) axes[count++] = {stride, extent};
+  for (std::size_t i = 1; i < count; ++i)  // sorted by stride: insertion sort of at most 3
+    for (std::size_t j = i; j > 0 && axes[j] < axes[j - 1]; --j) std::swap(axes[j], axes[j - 1]);
+  std::size_t inner = head_dim;  // floats spanned by the axes inside
+  for (std::size_t i = 0; i < count; ++i) {
+    if (axes[i].first < inner) return false;
+    inner = engine::checked_product({axes[i].first, axes[i].second}).value_or(SIZE_MAX);
+  }
+  return true;
+}
+
+void validate_views(const attention_dims& dims, const head_tensor<const float>& q, const head_tensor<const float>& k,
+                    const head_tensor<const float>& v, const head_tensor<float>& out) {
+  auto message = [](const std::string& problem) { return "scaled_dot_product_attention: " + problem; };
+  const struct {
+    const char* name;
+    head_tensor<const float> view;
+    std::size_t heads, seq;
+  } views[] = {{"q", q, dims.num_heads, dims.q_len},
+               {"k", k, dims.num_kv_heads, dims.kv_len},
+               {"v", v, dims.num_kv_heads, dims.kv_len},
+               {"out", {out.data, out.batch_stride, out.head_stride, out.seq_stride}, dims.num_heads, dims.q_len}};
+  for (const auto& entry : views) {
+    if (entry.seq == 0) continue;
+    engine::require(entry.view.seq_stride >= dims.head_dim, [&] {
+      return message(std::string(entry.name) + " rows overlap (seq_stride " + std::to_string(entry.view.seq_stride) +
+                     " < head_dim " + std::to_string(dims.head_dim) + ")");
+    });
+    engine::require(addressed_floats(entry.view, dims.batch, entry.heads, entry.seq, dims.head_dim).has_value(), [&] {
+      return message(std::string(entry.name) + " strides address beyond the end of memory (batch " +
+                     std::to_string(dims.batch) + ", heads " + std::to_string(entry.heads) + ", seq " +
+                     std::to_string(entry.seq) + ")");
+    });
+  }
+  engine::require(rows_disjoint(out, dims.batch, dims.num_heads, dims.q_len, dims.head_dim), [&] {
+    return message("out rows overlap one another (batch_stride " + std::to_string(out.batch_stride) +
+                   ", head_stride " + std::to_string(out.head_stride) + ", seq_stride " +
+                   std::to_string(out.seq_stride) + ", head_dim " + std::to_string(dims.head_dim) + ")");
+  });
+}
+
 }  // namespace
 
 void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q, head_tensor<const float> k,
                                   head_tensor<const float> v, head_tensor<float> out,
                                   const attention_options& options) {
+  const engine::default_fp_environment environment;  // for the scale (arena.hpp)
   validate_heads("scaled_dot_product_attention", dims.num_heads, dims.num_kv_heads, dims.head_dim);
   const bool empty_queries = dims.batch == 0 || dims.q_len == 0;
   engine::require(empty_queries || (q.data != nullptr && out.data != nullptr),
                   [&] { return std::string("scaled_dot_product_attention: q or out is null"); });
   engine::require(empty_queries || dims.kv_len == 0 || (k.data != nullptr && v.data != nullptr),
                   [&] { return std::string("scaled_dot_product_attention: k or v is null"); });
-  engine::require(empty_queries || dims.kv_len == 0 || (k.seq_stride >= dims.head_dim && v.seq_stride >= dims.head_dim),
-                  [&] {
-                    return "scaled_dot_product_attention: k and v rows overlap (seq_stride " +
-                           std::to_string(std::min(k.seq_stride, v.seq_stride)) + " < head_dim " +
-                           std::to_string(dims.head_dim) + ")";
-                  });
   std::size_t q_offset = 0;
   if (options.q_offset) {
     q_offset = *options.q_offset;
@@ -61,6 +127,17 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
     });
     q_offset = dims.q_len <= dims.kv_len ? dims.kv_len - dims.q_len : 0;
   }
+  engine::require(q_offset <= SIZE_MAX - dims.q_len, [&] {
+    return "scaled_dot_product_attention: q_offset " + std::to_string(q_offset) + " + q_len " +
+           std::to_string(dims.q_len) + " overflows std::size_t";
+  });
+  engine::require(options.additive_mask == nullptr || engine::checked_product({dims.q_len, dims.kv_len}), [&] {
+    return "scaled_dot_product_attention: the additive mask's q_len x kv_len overflows std::size_t";
+  });
+  engine::require(
+      options.probabilities == nullptr ||
+          engine::checked_product({dims.batch, dims.num_heads, dims.q_len, dims.kv_len}),
+      [&] { return std::string("scaled_dot_product_attention: probabilities' size overflows std::size_t"); });
   if (options.valid_len != nullptr)
     for (std::size_t b = 0; b < dims.batch; ++b)
       engine::require(options.valid_len[b] <= dims.kv_len, [&] {
@@ -68,6 +145,7 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
                std::to_string(options.valid_len[b]) + ") exceeds kv_len (" + std::to_string(dims.kv_len) + ")";
       });
   if (empty_queries) return;
+  validate_views(dims, q, k, v, out);
 
   const engine::attention_problem problem{dims,
                                           q,
@@ -104,6 +182,15 @@ attention_config validated(attention_config config) {
   engine::require(config.rope_theta == 0.0 || config.head_dim % 2 == 0, [&] {
     return "attention_layer: RoPE needs an even head_dim, got " + std::to_string(config.head_dim);
   });
+  const std::optional<std::size_t> qkv_width =
+      engine::checked_product({config.num_heads + 2 * config.num_kv_heads, config.head_dim});
+  engine::require(config.num_heads <= SIZE_MAX / 4 && qkv_width && engine::checked_product({*qkv_width, config.d_model}),
+                  [&] {
+                    return "attention_layer: the weights' sizes overflow std::size_t (num_heads " +
+                           std::to_string(config.num_heads) + ", num_kv_heads " + std::to_string(config.num_kv_heads) +
+                           ", head_dim " + std::to_string(config.head_dim) + ", d_model " +
+                           std::to_string(config.d_model) + ")";
+                  });
   config.scale = resolve_scale(config.scale, config.head_dim);
   return config;
 }
@@ -175,7 +262,10 @@ void attention_layer::impl::project(const float* x, std::size_t rows, const std:
 }
 
 attention_layer::attention_layer(const attention_config& config, const attention_weights& weights)
-    : impl_(std::make_unique<impl>(validated(config), weights)) {}
+    : impl_([&] {
+        const engine::default_fp_environment environment;  // for the scale and RoPE's frequencies (arena.hpp)
+        return std::make_unique<impl>(validated(config), weights);
+      }()) {}
 attention_layer::~attention_layer() = default;
 attention_layer::attention_layer(attention_layer&&) noexcept = default;
 attention_layer& attention_layer::operator=(attention_layer&&) noexcept = default;
@@ -192,14 +282,23 @@ struct forward_workspace {
 }  // namespace
 
 void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq, float* y) const {
+  forward(x, batch, seq, impl_->config.causal, y);
+}
+
+void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq, bool causal, float* y) const {
   const attention_config& config = impl_->config;
-  const std::size_t rows = batch * seq;
-  if (rows == 0) return;
-  engine::require(x != nullptr && y != nullptr,
-                  [&] { return std::string("attention_layer::forward: x or y is null"); });
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
   // qkv [batch, seq, H + 2G heads, d]: q, k and v are views into it.
   const std::size_t width = impl_->qkv_width();
+  const std::optional<std::size_t> checked_rows = engine::checked_product({batch, seq});
+  engine::require(checked_rows && engine::checked_product({*checked_rows, std::max(width, config.d_model)}), [&] {
+    return "attention_layer::forward: batch " + std::to_string(batch) + " x seq " + std::to_string(seq) +
+           " x row width " + std::to_string(std::max(width, config.d_model)) + " overflows std::size_t";
+  });
+  const std::size_t rows = *checked_rows;
+  if (rows == 0) return;
+  engine::require(x != nullptr && y != nullptr,
+                  [&] { return std::string("attention_layer::forward: x or y is null"); });
   const engine::scratch_lease qkv(rows * width), attended(rows * heads * head_dim);
   const engine::reusable<forward_workspace> work;
   work->positions.resize(rows);
@@ -213,7 +312,7 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
                                           view(heads + kv_heads),
                                           head_tensor<float>::bshd(attended.data(), heads, seq, head_dim),
                                           *config.scale,
-                                          config.causal,
+                                          causal,
                                           0,
                                           nullptr,
                                           nullptr,

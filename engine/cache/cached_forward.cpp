@@ -194,15 +194,35 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
   std::vector<cached_rows>& entries = work->entries;
   entries.clear();
   std::size_t rows = 0;
+  // Isolation: a call writes exactly the positions [written, length) of each
+  // sequence for this layer, all in blocks no other sequence holds, so it
+  // never overwrites a shared block and attention never reads a slot this
+  // layer did not write (a recycled block's old contents).
+  const std::size_t block_size = geometry.block_size;
   for (const sequence_tokens& item : batch) {
-    std::size_t count = 0;
-    const std::uint32_t* table = kv_cache_internals::block_table(cache, item.sequence, &count);
-    const std::size_t length = cache.length(item.sequence);
-    require(item.tokens > 0 && item.tokens <= length, [&] {
-      return where + ("sequence " + std::to_string(item.sequence) + ": " + std::to_string(item.tokens) +
-                      " new tokens, but it has " + std::to_string(length) + " (append them first)");
+    const kv_cache_internals::layer_state state = kv_cache_internals::state(cache, item.sequence, layer);
+    const auto sequence = [&] { return "sequence " + std::to_string(item.sequence); };
+    require(item.tokens > 0 && item.tokens <= state.length, [&] {
+      return where + (sequence() + ": " + std::to_string(item.tokens) + " new tokens, but it has " +
+                      std::to_string(state.length) + " (append them first)");
     });
-    entries.push_back({table, length, length - item.tokens, rows});
+    require(state.length - item.tokens == state.written, [&] {
+      return where + (sequence() + ", layer " + std::to_string(layer) + ": " + std::to_string(item.tokens) +
+                      " new tokens, but it is written up to " + std::to_string(state.written) + " of length " +
+                      std::to_string(state.length) + ": a forward writes exactly the positions from the first to " +
+                      "the second (append before each forward, one forward per layer)");
+    });
+    for (std::size_t block = state.written / block_size; block < state.blocks; ++block) {
+      const std::size_t holders = kv_cache_internals::references(cache, state.table[block]);
+      require(holders == 1, [&] {
+        return where + (sequence() + ", layer " + std::to_string(layer) + ": positions from " +
+                        std::to_string(state.written) + " to " + std::to_string(state.length) + " lie in block " +
+                        std::to_string(block) + ", shared by " + std::to_string(holders) +
+                        " sequences (forked after append, before this forward): truncate to " +
+                        std::to_string(state.written) + " and append again");
+      });
+    }
+    entries.push_back({state.table, state.length, state.written, rows});
     rows += item.tokens;
   }
   if (rows == 0) return;
@@ -228,6 +248,10 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
     // 5. Output projection.
     impl_->o_proj.apply(attended.data(), rows, y);
   });
+  // 6. Only now, with nothing left to fail, the positions count as written:
+  // a call that threw can be repeated.
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    kv_cache_internals::set_written(cache, batch[i].sequence, layer, entries[i].length);
 }
 
 }  // namespace kvhead

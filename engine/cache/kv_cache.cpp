@@ -16,6 +16,12 @@
 //
 // Strong guarantee. Every check runs, and the table capacity is reserved (the
 // only step that may allocate), before anything is taken from the pool.
+//
+// Written-up-to marks. Each sequence keeps, per layer, how many of its leading
+// positions hold K/V written by a forward (kv_cache_internals::set_written).
+// append leaves them, truncate lowers them to the new length, fork copies
+// them. A debug build (NDEBUG not defined) fills a block with NaN when it
+// returns to the pool, so a read of a recycled slot shows in the results.
 #include "kvhead/kv_cache.hpp"
 
 #include <algorithm>
@@ -38,6 +44,11 @@ namespace {
 
 constexpr std::size_t row_multiple = 32;       // head_dim is padded to a multiple of 32 floats
 constexpr std::size_t min_table_capacity = 8;  // first growth of a block table
+#ifdef NDEBUG
+constexpr bool poison_freed_blocks = false;
+#else
+constexpr bool poison_freed_blocks = true;  // debug builds: a freed block holds NaN
+#endif
 
 std::size_t ceil_div(std::size_t a, std::size_t b) { return a / b + (a % b != 0); }
 
@@ -54,6 +65,7 @@ struct kv_cache::impl {
   struct sequence {
     std::size_t length = 0;
     std::vector<std::uint32_t> blocks;  // ceil(length / block_size) entries
+    std::vector<std::size_t> written;   // per layer: positions [0, written) hold K/V; <= length
   };
 
   kv_cache_config config;
@@ -95,7 +107,10 @@ struct kv_cache::impl {
   /// Drops one reference to `block`. Requires the lock.
   void release(std::uint32_t block) {
     assert(references[block] > 0);
-    if (--references[block] == 0) free_list.push_back(block);  // within capacity: never allocates
+    if (--references[block] != 0) return;
+    if constexpr (poison_freed_blocks)
+      std::fill(this->block(block), this->block(block) + block_floats, std::numeric_limits<float>::quiet_NaN());
+    free_list.push_back(block);  // within capacity: never allocates
   }
 
   /// Capacity for at least `entries` (<= total_blocks) table entries.
@@ -161,8 +176,10 @@ const kv_cache_config& kv_cache::config() const { return impl_->config; }
 
 sequence_id kv_cache::create() {
   impl& cache = *impl_;
+  impl::sequence fresh;
+  fresh.written.assign(cache.config.num_layers, 0);  // may throw bad_alloc: nothing changed
   const std::lock_guard lock(cache.mutex);
-  cache.sequences.try_emplace(cache.next_id);  // may throw bad_alloc: nothing changed
+  cache.sequences.try_emplace(cache.next_id, std::move(fresh));  // likewise
   return cache.next_id++;
 }
 
@@ -228,6 +245,7 @@ sequence_id kv_cache::fork(sequence_id parent_id) {
   // fork only reads the parent, whose blocks stay referenced meanwhile.
   impl::sequence child;
   child.length = parent.length;
+  child.written = parent.written;
   cache.reserve_table(child.blocks, parent.blocks.size());
   child.blocks.assign(parent.blocks.begin(), parent.blocks.end());
 
@@ -251,6 +269,7 @@ void kv_cache::truncate(sequence_id id, std::size_t length) {
   for (std::size_t i = entries; i < sequence.blocks.size(); ++i) cache.release(sequence.blocks[i]);
   sequence.blocks.resize(entries);  // shrinks: keeps the capacity
   sequence.length = length;
+  for (std::size_t& written : sequence.written) written = std::min(written, length);
 }
 
 void kv_cache::free(sequence_id id) {
@@ -294,6 +313,30 @@ const std::uint32_t* kv_cache_internals::block_table(const kv_cache& cache, sequ
   *count = blocks.size();
   return blocks.data();
 }
+
+kv_cache_internals::layer_state kv_cache_internals::state(const kv_cache& cache, sequence_id sequence,
+                                                          std::size_t layer) {
+  assert(layer < cache.config().num_layers);
+  const std::lock_guard lock(cache.impl_->mutex);
+  const kv_cache::impl::sequence& found = cache.impl_->find(sequence, "block_table");
+  return {found.blocks.data(), found.blocks.size(), found.length, found.written[layer]};
+}
+
+std::size_t kv_cache_internals::references(const kv_cache& cache, std::uint32_t block) {
+  assert(block < cache.impl_->total_blocks);
+  const std::lock_guard lock(cache.impl_->mutex);
+  return cache.impl_->references[block];
+}
+
+void kv_cache_internals::set_written(kv_cache& cache, sequence_id sequence, std::size_t layer, std::size_t written) {
+  assert(layer < cache.config().num_layers);
+  const std::lock_guard lock(cache.impl_->mutex);
+  kv_cache::impl::sequence& found = cache.impl_->find(sequence, "block_table");
+  assert(written <= found.length);
+  found.written[layer] = written;
+}
+
+bool kv_cache_internals::poisons_freed_blocks() { return poison_freed_blocks; }
 
 float* kv_cache_internals::block_data(kv_cache& cache, std::uint32_t block) { return cache.impl_->block(block); }
 

@@ -16,8 +16,15 @@
 // for the cache's lifetime. Kernels write only the token slots made writable
 // by the last append on the sequence (see "Writing" in kv_cache.hpp).
 //
-// Threads. block_table() takes the cache's lock (like length()); the other
-// functions only compute addresses and take no lock.
+// Written-up-to marks. Per (sequence, layer), positions [0, written) hold K/V
+// a forward wrote. attention_layer::forward (engine/cache/cached_forward.cpp)
+// checks a call against them (it must write exactly [written, length), into
+// blocks referenced once) and raises them with set_written() when it is done;
+// truncate lowers them and fork copies them (kv_cache.cpp).
+//
+// Threads. block_table(), state(), references() and set_written() take the
+// cache's lock (like length()); the other functions only compute addresses and
+// take no lock.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +38,24 @@ struct kv_cache_internals {
   /// The sequence's block table (block indices into the pool) and, in
   /// *count, its length. Throws kv_cache_error for an unknown or freed id.
   static const std::uint32_t* block_table(const kv_cache& cache, sequence_id sequence, std::size_t* count);
+
+  /// One sequence as a forward over layer `layer` sees it, read under one lock.
+  struct layer_state {
+    const std::uint32_t* table;  // as block_table()
+    std::size_t blocks;          // table entries: ceil(length / block_size)
+    std::size_t length;          // the sequence's length
+    std::size_t written;         // the layer's mark: positions [0, written) hold K/V, written <= length
+  };
+  /// Throws kv_cache_error for an unknown or freed id, like block_table().
+  static layer_state state(const kv_cache& cache, sequence_id sequence, std::size_t layer);
+  /// Sequences holding `block` (0: it is free).
+  static std::size_t references(const kv_cache& cache, std::uint32_t block);
+  /// Raises (or sets) the layer's mark to `written` <= length(sequence).
+  static void set_written(kv_cache& cache, sequence_id sequence, std::size_t layer, std::size_t written);
+  /// Whether this build fills blocks with NaN as they return to the pool
+  /// (builds without NDEBUG).
+  static bool poisons_freed_blocks();
+
   /// Start of block `block` (< total_blocks()): block_bytes() / 4 floats.
   static float* block_data(kv_cache& cache, std::uint32_t block);
   static const float* block_data(const kv_cache& cache, std::uint32_t block);

@@ -206,22 +206,6 @@ class header_parser {
   std::size_t at_ = 0;
 };
 
-/// Reads exactly `size` bytes at `offset`; file_error if the file ends first.
-void read_exact(const std::string& path, int fd, void* buffer, std::size_t size, std::size_t offset) {
-  auto* bytes = static_cast<unsigned char*>(buffer);
-  while (size > 0) {
-    const ssize_t got = ::pread(fd, bytes, size, off_t(offset));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      throw file_error(path, "cannot read: " + system_message(errno));
-    }
-    if (got == 0) throw file_error(path, "file ended early (was it changed while being read?)");
-    bytes += got;
-    size -= std::size_t(got);
-    offset += std::size_t(got);
-  }
-}
-
 std::uint32_t read_le(const unsigned char* bytes, std::size_t count) {
   std::uint32_t value = 0;
   for (std::size_t i = count; i-- > 0;) value = (value << 8) | bytes[i];
@@ -233,12 +217,11 @@ std::uint32_t read_le(const unsigned char* bytes, std::size_t count) {
 npy_array read_npy(const std::string& path) {
   // 1. Open: regular files only.
   const regular_file file(path, "a .npy file");
-  const int fd = file.descriptor();
   const std::size_t file_size = file.size();
 
   // 2. Preamble: magic, version, header length.
   unsigned char preamble[12] = {};
-  read_exact(path, fd, preamble, std::min<std::size_t>(file_size, sizeof preamble), 0);
+  file.read_exact(preamble, std::min<std::size_t>(file_size, sizeof preamble), 0);
   if (std::memcmp(preamble, magic, std::min(file_size, magic_size)) != 0) {
     throw file_error(path, "not a .npy file (no \\x93NUMPY magic)");
   }
@@ -266,7 +249,7 @@ npy_array read_npy(const std::string& path) {
 
   // 3. The header dict.
   std::string text(header_size, '\0');
-  read_exact(path, fd, text.data(), header_size, preamble_size);
+  file.read_exact(text.data(), header_size, preamble_size);
   const auto header = header_parser(path, text).parse();
   if (header.descr != "<f4") throw file_error(path, "dtype " + quote_name(header.descr) + " is not float32 ('<f4')");
   if (header.fortran_order) throw file_error(path, "Fortran order is not supported");
@@ -292,7 +275,7 @@ npy_array read_npy(const std::string& path) {
 
   // 5. The values.
   npy_array array{header.shape, std::vector<float>(count)};
-  if (count != 0) read_exact(path, fd, array.values.data(), bytes, preamble_size + header_size);
+  if (count != 0) file.read_exact(array.values.data(), bytes, preamble_size + header_size);
   if constexpr (std::endian::native == std::endian::big) {
     for (float& value : array.values) {
       value = std::bit_cast<float>(__builtin_bswap32(std::bit_cast<std::uint32_t>(value)));

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <system_error>
+#include <utility>
 
 #include "engine/io/file_error.hpp"
 
@@ -14,7 +15,7 @@ namespace kvhead::io {
 std::string system_message(int error) { return std::system_category().message(error); }
 
 regular_file::regular_file(const std::string& path, const char* kind)
-    : descriptor_(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) {
+    : path_(path), descriptor_(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) {
   if (descriptor_ < 0) throw file_error(path, "cannot open: " + system_message(errno));
   struct stat status {};
   const bool stated = ::fstat(descriptor_, &status) == 0;
@@ -28,6 +29,38 @@ regular_file::regular_file(const std::string& path, const char* kind)
   size_ = std::size_t(status.st_size);
 }
 
-regular_file::~regular_file() { ::close(descriptor_); }
+regular_file::~regular_file() {
+  if (descriptor_ >= 0) ::close(descriptor_);
+}
+
+regular_file::regular_file(regular_file&& other) noexcept
+    : path_(std::move(other.path_)),
+      descriptor_(std::exchange(other.descriptor_, -1)),
+      size_(std::exchange(other.size_, 0)) {}
+
+regular_file& regular_file::operator=(regular_file&& other) noexcept {
+  if (this != &other) {
+    if (descriptor_ >= 0) ::close(descriptor_);
+    path_ = std::move(other.path_);
+    descriptor_ = std::exchange(other.descriptor_, -1);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void regular_file::read_exact(void* buffer, std::size_t bytes, std::size_t offset) const {
+  auto* at = static_cast<unsigned char*>(buffer);
+  while (bytes > 0) {
+    const ssize_t got = ::pread(descriptor_, at, bytes, off_t(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw file_error(path_, "cannot read: " + system_message(errno));
+    }
+    if (got == 0) throw file_error(path_, "file ended early (was it changed while being read?)");
+    at += got;
+    bytes -= std::size_t(got);
+    offset += std::size_t(got);
+  }
+}
 
 }  // namespace kvhead::io

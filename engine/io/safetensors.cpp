@@ -1,4 +1,5 @@
-// safetensors reader: map, then validate the header in one SAX pass.
+// safetensors reader: read the header (pread), validate it in one SAX pass,
+// then check that the tensors tile the data section.
 //
 // The header is parsed with nlohmann's SAX interface, not into a DOM: the
 // handler below is a small state machine that accepts exactly the documented
@@ -9,22 +10,13 @@
 // to the number of tensors, whatever the header contains.
 #include "engine/io/safetensors.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstring>
 #include <limits>
-#include <system_error>
 #include <utility>
 
 #include <nlohmann/json.hpp>
-
-#include "engine/io/regular_file.hpp"
 
 namespace kvhead::io {
 
@@ -81,6 +73,9 @@ constexpr std::uint64_t max_header_bytes = 100'000'000;
 // Far beyond any real tensor (NumPy's limit is 64); bounds the shape vector
 // so a header of "[0,0,0,..." cannot cost 4 bytes of memory per byte.
 constexpr std::size_t max_rank = 64;
+// Published checkpoints hold a few thousand tensors per file at most; the cap
+// bounds the table (about 200 bytes per tensor) whatever the header holds.
+constexpr std::size_t max_tensors = 100'000;
 
 /// "[2, 3]", at most 8 extents shown (a hostile rank must not bloat messages).
 std::string format_list(const std::vector<std::size_t>& values) {
@@ -187,6 +182,9 @@ class header_handler {
       case state::root:
         if (tensors.contains(key) || (key == "__metadata__" && metadata_seen_)) {
           return fail("duplicate key " + quote_name(key) + " in the header");
+        }
+        if (key != "__metadata__" && tensors.size() == max_tensors) {
+          return fail("header has more than " + std::to_string(max_tensors) + " tensors");
         }
         if (key == "__metadata__") metadata_seen_ = true;
         root_key_ = std::move(key);
@@ -354,109 +352,78 @@ class header_handler {
 
 }  // namespace
 
-safetensors_file::safetensors_file(const std::string& path) : path_(path) {
-  // 1. Open: regular files only.
-  const regular_file file(path, "a safetensors file");
-  const int fd = file.descriptor();
-  const std::size_t file_size = file.size();
+safetensors_file::safetensors_file(const std::string& path) : file_(path, "a safetensors file") {
+  // 1. Open: regular files only (done by file_).
+  const std::size_t file_size = file_.size();
   if (file_size < 8) {
     throw file_error(path, "file is " + std::to_string(file_size) + " bytes, too short for the 8-byte header length");
   }
 
-  // 2. Map the whole file (the descriptor may be closed afterwards).
-  void* mapping = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (mapping == MAP_FAILED) throw file_error(path, "cannot map: " + system_message(errno));
-  mapping_ = static_cast<const unsigned char*>(mapping);
-  mapping_size_ = file_size;
-
-  try {
-    // 3. Header length, u64 little-endian, and its bounds.
-    std::uint64_t header_size = 0;
-    for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | mapping_[i];
-    if (header_size < 2) {
-      throw file_error(path, "header length " + std::to_string(header_size) + " is too small (minimum 2, \"{}\")");
-    }
-    if (header_size > max_header_bytes) {
-      throw file_error(path, "header length " + std::to_string(header_size) + " is over the limit of " +
-                                 std::to_string(max_header_bytes) + " bytes");
-    }
-    if (header_size > file_size - 8) {
-      throw file_error(path, "header length " + std::to_string(header_size) + " goes beyond the end of the file (" +
-                                 std::to_string(file_size) + " bytes)");
-    }
-    data_ = mapping_ + 8 + header_size;
-    data_size_ = file_size - 8 - header_size;
-
-    // 4. Parse and validate the header (each tensor against the data size).
-    const auto* header = reinterpret_cast<const char*>(mapping_ + 8);
-    // nlohmann's lexer takes a NUL byte for the end of input and would ignore
-    // whatever follows it; valid JSON never contains one (strings escape it).
-    if (const void* nul = std::memchr(header, '\0', header_size)) {
-      throw file_error(path, "header is not valid JSON: NUL byte at header offset " +
-                                 std::to_string(static_cast<const char*>(nul) - header));
-    }
-    header_handler handler(data_size_);
-    if (!nlohmann::json::sax_parse(header, header + header_size, &handler)) {
-      throw file_error(path, handler.error.empty() ? "header is not valid JSON" : handler.error);
-    }
-    metadata_ = std::move(handler.metadata);
-    tensors_ = std::move(handler.tensors);
-
-    // 5. No two tensors share a byte: sorted by begin, each non-empty range
-    // must start at or after the end of the previous one.
-    std::vector<const tensor_info*> ranges;
-    for (const auto& [name, info] : tensors_) {
-      if (info.end > info.begin) ranges.push_back(&info);
-    }
-    std::sort(ranges.begin(), ranges.end(), [](const tensor_info* a, const tensor_info* b) {
-      return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
-    });
-    for (std::size_t i = 1; i < ranges.size(); ++i) {
-      const tensor_info& before = *ranges[i - 1];
-      const tensor_info& after = *ranges[i];
-      if (after.begin < before.end) {
-        throw file_error(path, "tensors " + quote_name(before.name) + " " + format_range(before.begin, before.end) +
-                                   " and " + quote_name(after.name) + " " + format_range(after.begin, after.end) +
-                                   " overlap");
-      }
-    }
-  } catch (...) {
-    unmap();
-    throw;
+  // 2. Header length, u64 little-endian, and its bounds.
+  unsigned char length_bytes[8];
+  file_.read_exact(length_bytes, sizeof length_bytes, 0);
+  std::uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length_bytes[i];
+  if (header_size < 2) {
+    throw file_error(path, "header length " + std::to_string(header_size) + " is too small (minimum 2, \"{}\")");
   }
-}
-
-safetensors_file::~safetensors_file() { unmap(); }
-
-safetensors_file::safetensors_file(safetensors_file&& other) noexcept
-    : path_(std::move(other.path_)),
-      mapping_(std::exchange(other.mapping_, nullptr)),
-      mapping_size_(std::exchange(other.mapping_size_, 0)),
-      data_(std::exchange(other.data_, nullptr)),
-      data_size_(std::exchange(other.data_size_, 0)),
-      metadata_(std::move(other.metadata_)),
-      tensors_(std::move(other.tensors_)) {}
-
-safetensors_file& safetensors_file::operator=(safetensors_file&& other) noexcept {
-  if (this != &other) {
-    unmap();
-    path_ = std::move(other.path_);
-    mapping_ = std::exchange(other.mapping_, nullptr);
-    mapping_size_ = std::exchange(other.mapping_size_, 0);
-    data_ = std::exchange(other.data_, nullptr);
-    data_size_ = std::exchange(other.data_size_, 0);
-    metadata_ = std::move(other.metadata_);
-    tensors_ = std::move(other.tensors_);
+  if (header_size > max_header_bytes) {
+    throw file_error(path, "header length " + std::to_string(header_size) + " is over the limit of " +
+                               std::to_string(max_header_bytes) + " bytes");
   }
-  return *this;
-}
+  if (header_size > file_size - 8) {
+    throw file_error(path, "header length " + std::to_string(header_size) + " goes beyond the end of the file (" +
+                               std::to_string(file_size) + " bytes)");
+  }
+  data_offset_ = 8 + header_size;
+  data_size_ = file_size - data_offset_;
 
-void safetensors_file::unmap() noexcept {
-  if (mapping_ != nullptr) ::munmap(const_cast<unsigned char*>(mapping_), mapping_size_);
-  mapping_ = nullptr;
-  mapping_size_ = 0;
-  data_ = nullptr;
-  data_size_ = 0;
+  // 3. Parse and validate the header (each tensor against the data size).
+  std::string header(header_size, '\0');
+  file_.read_exact(header.data(), header_size, 8);
+  // nlohmann's lexer takes a NUL byte for the end of input and would ignore
+  // whatever follows it; valid JSON never contains one (strings escape it).
+  if (const std::size_t nul = header.find('\0'); nul != std::string::npos) {
+    throw file_error(path, "header is not valid JSON: NUL byte at header offset " + std::to_string(nul));
+  }
+  header_handler handler(data_size_);
+  if (!nlohmann::json::sax_parse(header.begin(), header.end(), &handler)) {
+    throw file_error(path, handler.error.empty() ? "header is not valid JSON" : handler.error);
+  }
+  metadata_ = std::move(handler.metadata);
+  tensors_ = std::move(handler.tensors);
+
+  // 4. The tensors tile the data section exactly, as the reference reader
+  // (huggingface/safetensors) requires: in order of (begin, end), each tensor
+  // begins where the previous one ended (the first at 0), and the last ends
+  // at the end of the file. So no byte is shared, none is unaccounted for, and
+  // a zero-size tensor sits at a boundary. The header's order is free.
+  std::vector<const tensor_info*> order;
+  order.reserve(tensors_.size());
+  for (const auto& entry : tensors_) order.push_back(&entry.second);
+  std::stable_sort(order.begin(), order.end(), [](const tensor_info* a, const tensor_info* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  std::size_t covered = 0;
+  const tensor_info* previous = nullptr;
+  for (const tensor_info* tensor : order) {
+    const std::string where = "tensor " + quote_name(tensor->name) + " " + format_range(tensor->begin, tensor->end);
+    if (tensor->begin > covered) {
+      throw file_error(path, "data bytes " + format_range(covered, tensor->begin) + " before " + where +
+                                 " belong to no tensor (the tensors must tile the data section)");
+    }
+    if (tensor->begin < covered) {
+      throw file_error(path, "tensors " + quote_name(previous->name) + " " +
+                                 format_range(previous->begin, previous->end) + " and " + quote_name(tensor->name) +
+                                 " " + format_range(tensor->begin, tensor->end) + " overlap");
+    }
+    covered = tensor->end;
+    previous = tensor;
+  }
+  if (covered != data_size_) {
+    throw file_error(path, "data section is " + std::to_string(data_size_) + " bytes, but the tensors end at byte " +
+                               std::to_string(covered) + ": trailing bytes (the tensors must tile the data section)");
+  }
 }
 
 std::vector<std::string> safetensors_file::tensor_names() const {
@@ -470,7 +437,7 @@ bool safetensors_file::contains(const std::string& name) const { return tensors_
 
 const tensor_info& safetensors_file::info(const std::string& name) const {
   const auto found = tensors_.find(name);
-  if (found == tensors_.end()) throw file_error(path_, "no tensor " + quote_name(name));
+  if (found == tensors_.end()) throw file_error(path(), "no tensor " + quote_name(name));
   return found->second;
 }
 
@@ -479,26 +446,22 @@ std::vector<float> safetensors_file::load_f32(const std::string& name) const {
   const std::size_t count = element_count(tensor);  // checked by the constructor
   std::vector<float> values(count);
   if (count == 0) return values;
-  const unsigned char* bytes = data_ + tensor.begin;  // in bounds: checked by the constructor
-  switch (tensor.dtype) {
-    case dtype::f32:
-      std::memcpy(values.data(), bytes, count * sizeof(float));
-      if constexpr (std::endian::native == std::endian::big) {
-        for (float& value : values) {
-          value = std::bit_cast<float>(__builtin_bswap32(std::bit_cast<std::uint32_t>(value)));
-        }
-      }
-      break;
-    case dtype::f16:
-      for (std::size_t i = 0; i < count; ++i) {
-        values[i] = f16_to_f32(std::uint16_t(bytes[2 * i] | (bytes[2 * i + 1] << 8)));
-      }
-      break;
-    case dtype::bf16:
-      for (std::size_t i = 0; i < count; ++i) {
-        values[i] = bf16_to_f32(std::uint16_t(bytes[2 * i] | (bytes[2 * i + 1] << 8)));
-      }
-      break;
+  const std::size_t offset = data_offset_ + tensor.begin;  // in the file: checked by the constructor
+  if (tensor.dtype == dtype::f32) {
+    file_.read_exact(values.data(), count * sizeof(float), offset);
+    if constexpr (std::endian::native == std::endian::big) {
+      for (float& value : values) value = std::bit_cast<float>(__builtin_bswap32(std::bit_cast<std::uint32_t>(value)));
+    }
+    return values;
+  }
+  // F16 and BF16: widened in chunks of 64 KiB read from the file.
+  float (*const widen)(std::uint16_t) = tensor.dtype == dtype::f16 ? f16_to_f32 : bf16_to_f32;
+  constexpr std::size_t chunk_elements = std::size_t(1) << 15;
+  std::vector<unsigned char> bytes(2 * std::min(count, chunk_elements));
+  for (std::size_t done = 0; done < count; done += chunk_elements) {
+    const std::size_t n = std::min(chunk_elements, count - done);
+    file_.read_exact(bytes.data(), 2 * n, offset + 2 * done);
+    for (std::size_t i = 0; i < n; ++i) values[done + i] = widen(std::uint16_t(bytes[2 * i] | (bytes[2 * i + 1] << 8)));
   }
   return values;
 }

@@ -1,4 +1,4 @@
-// Read-only, memory-mapped safetensors file (weights for `kvhead run`).
+// Read-only safetensors file (weights for `kvhead run`).
 //
 // Layout:  [u64 little-endian N][N bytes of JSON header][data section]
 //
@@ -10,14 +10,14 @@
 // begin/end are byte offsets into the data section (not the file); the tensor
 // is stored row-major, little-endian, with no alignment guarantee.
 //
-// The constructor validates everything before any tensor is read, so every
-// later call works on a consistent table. Any failure throws file_error
-// ("<path>: <problem>", one line; file_error.hpp):
-//   - the path cannot be opened, is not a regular file, cannot be mapped;
+// The constructor reads the header and validates everything before any tensor
+// is read, so every later call works on a consistent table. Any failure
+// throws file_error ("<path>: <problem>", one line; file_error.hpp):
+//   - the path cannot be opened or read, or is not a regular file;
 //   - the file is shorter than 8 bytes; N < 2, N > 100,000,000 or 8 + N beyond
 //     the end of the file;
 //   - the header is not valid JSON (UTF-8, RFC 8259), is not an object, or has
-//     a duplicate key in any object;
+//     a duplicate key in any object; it lists more than 100,000 tensors;
 //   - "__metadata__" is not an object of string -> string;
 //   - a tensor entry is not an object of exactly the keys "dtype" (string),
 //     "shape" (array of at most 64 non-negative integers: the rank limit
@@ -27,12 +27,17 @@
 //   - the element count or byte size overflows std::size_t;
 //   - begin > end, end - begin != element count * dtype size, end beyond the
 //     data section;
-//   - two tensors of non-zero size overlap (zero-size tensors occupy no bytes;
-//     gaps between tensors and unused trailing bytes are allowed).
+//   - the tensors do not tile the data section exactly, as the reference
+//     reader (huggingface/safetensors) requires: taken in order of
+//     (begin, end), whatever the header's order, each begins where the
+//     previous one ended, the first at 0, the last ending at the end of the
+//     file. Overlapping tensors, a gap, trailing bytes, and a zero-size tensor
+//     inside another's range are errors.
 //
-// The mapping is private and read-only; the file must not be truncated by
-// someone else while it is open (the kernel would raise SIGBUS: an mmap limit,
-// not something a reader can check).
+// The file stays open (read-only) while the object lives; tensors are read
+// with pread, not through a mapping, so a file truncated by someone else
+// while it is open makes load_f32 throw file_error ("file ended early"),
+// never SIGBUS. load_f32 may be called from several threads at once.
 #pragma once
 
 #include <cstddef>
@@ -42,6 +47,7 @@
 #include <vector>
 
 #include "engine/io/file_error.hpp"
+#include "engine/io/regular_file.hpp"
 
 namespace kvhead::io {
 
@@ -65,16 +71,15 @@ std::size_t element_count(const tensor_info& info);
 
 class safetensors_file {
  public:
-  /// Maps and validates the whole header; throws file_error.
+  /// Reads and validates the whole header; throws file_error.
   explicit safetensors_file(const std::string& path);
-  ~safetensors_file();
 
-  safetensors_file(safetensors_file&& other) noexcept;
-  safetensors_file& operator=(safetensors_file&& other) noexcept;
+  safetensors_file(safetensors_file&&) noexcept = default;
+  safetensors_file& operator=(safetensors_file&&) noexcept = default;
   safetensors_file(const safetensors_file&) = delete;
   safetensors_file& operator=(const safetensors_file&) = delete;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.path(); }
   /// The "__metadata__" object (empty if absent).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   /// All tensor names, sorted.
@@ -85,15 +90,12 @@ class safetensors_file {
 
   /// The tensor as row-major f32: F32 copied bitwise (memcpy, any alignment),
   /// F16 and BF16 widened exactly (subnormals, infinities, NaN payloads kept).
+  /// file_error if the file was shortened since it was opened.
   std::vector<float> load_f32(const std::string& name) const;
 
  private:
-  void unmap() noexcept;
-
-  std::string path_;
-  const unsigned char* mapping_ = nullptr;  // whole file, read-only
-  std::size_t mapping_size_ = 0;
-  const unsigned char* data_ = nullptr;  // start of the data section
+  regular_file file_;
+  std::size_t data_offset_ = 0;  // of the data section in the file: 8 + header length
   std::size_t data_size_ = 0;
   std::map<std::string, std::string> metadata_;
   std::map<std::string, tensor_info> tensors_;

@@ -1,25 +1,77 @@
-// The thread count set with kvhead::set_num_threads (kvhead/config.hpp): every
-// public call runs its work through run_in_arena.
+// The thread count set with kvhead::set_num_threads (kvhead/config.hpp) and
+// the floating-point environment of kvhead's arithmetic: every public call
+// runs its work through run_in_arena.
+//
+// Floating-point environment. Bit-identical results across threads need the
+// same rounding mode and FTZ/DAZ in every thread that computes, and oneTBB
+// does not use the caller's: a task runs with the settings its arena captured
+// when it was initialized (or that its task_group_context captured), so a
+// caller that enabled FTZ after its arena started, or in only some threads,
+// would get a mix. kvhead ignores the caller's environment instead: its
+// arithmetic runs in the default one (round to nearest, FTZ and DAZ off, every
+// exception masked), set on the calling thread by default_fp_environment and
+// carried to every worker by the context of the task run_in_arena starts
+// (nested parallel_for contexts bind to it and copy its settings).
 #pragma once
+
+#include <fpu_control.h>
+#include <xmmintrin.h>
 
 #include <memory>
 
 #include <tbb/task_arena.h>
+#include <tbb/task_group.h>
 
 namespace kvhead::engine {
+
+/// While alive, the calling thread runs in the default floating-point
+/// environment: MXCSR 0x1F80 (round to nearest, FTZ/DAZ off, exceptions
+/// masked) and the x87 control word _FPU_DEFAULT; the caller's MXCSR (flags
+/// included) and control word are restored after. (fegetenv/fesetenv would
+/// do the same at about 2 us per call: fnstenv/fldenv are slow.)
+class default_fp_environment {
+ public:
+  static constexpr unsigned default_mxcsr = 0x1F80;
+
+  default_fp_environment() : mxcsr_(_mm_getcsr()) {
+    _FPU_GETCW(x87_);
+    fpu_control_t x87 = _FPU_DEFAULT;
+    _FPU_SETCW(x87);
+    _mm_setcsr(default_mxcsr);
+  }
+  ~default_fp_environment() {
+    _mm_setcsr(mxcsr_);
+    _FPU_SETCW(x87_);
+  }
+  default_fp_environment(const default_fp_environment&) = delete;
+  default_fp_environment& operator=(const default_fp_environment&) = delete;
+
+ private:
+  unsigned mxcsr_;
+  fpu_control_t x87_;
+};
 
 /// The arena public calls run in, or null: the caller's own.
 std::shared_ptr<tbb::task_arena> configured_arena();
 
-/// Runs `work` in the configured arena (or directly, in the caller's).
+/// Runs `work` in the configured arena (or the caller's), as one task whose
+/// context holds the default floating-point environment, so that every task
+/// it spawns, on any thread, computes in it. Exceptions propagate.
 template <class Work>
 void run_in_arena(const Work& work) {
+  const auto run = [&] {
+    const default_fp_environment environment;
+    tbb::task_group_context context;
+    context.capture_fp_settings();  // the default environment just set
+    tbb::task_group group(context);
+    group.run_and_wait(work);
+  };
   const std::shared_ptr<tbb::task_arena> arena = configured_arena();
   if (arena == nullptr) {
-    work();
+    run();
     return;
   }
-  arena->execute(work);
+  arena->execute(run);
 }
 
 }  // namespace kvhead::engine

@@ -23,8 +23,23 @@
 // the output); a key hidden only by the additive mask still contributes 0 * v,
 // so a NaN or Inf value there propagates.
 //
-// Threads. Work runs on oneTBB in the caller's task arena: to bound the
-// threads, call from inside a tbb::task_arena of that size.
+// Threads. Work runs on oneTBB in the caller's task arena (or the one
+// set_num_threads configured): to bound the threads, call from inside a
+// tbb::task_arena of that size. What may be called concurrently, from any
+// threads: scaled_dot_product_attention, always (outputs must not overlap);
+// the const members of one attention_layer (config, both forwards: the layer
+// is immutable after construction, its scratch per thread); forwards over one
+// kv_cache as kv_cache.hpp's "Threads" allows (batches naming disjoint
+// sequences). Moving, assigning or destroying a layer must not overlap a call
+// on it. Results do not depend on the thread count or on concurrent callers.
+//
+// Floating-point environment. kvhead ignores the caller's: every call
+// computes, in every thread it uses, in the default environment (round to
+// nearest, flush-to-zero and denormals-are-zero off, all exceptions masked),
+// and restores the caller's (flags included) on return. So a caller that
+// enabled FTZ/DAZ or another rounding mode, in some threads or all, gets the
+// same bits as one that did not, for any thread count; denormal inputs and
+// results are kept.
 //
 // Errors. Bad shapes or arguments throw std::invalid_argument naming the
 // problem; nothing is written then.
@@ -35,6 +50,7 @@
 #include <optional>
 #include <vector>
 
+#include "kvhead/export.h"
 #include "kvhead/kv_cache.hpp"
 
 namespace kvhead {
@@ -87,11 +103,15 @@ struct attention_options {
 /// out = softmax(scale * q kᵀ + masks) v, per head. q and out have num_heads
 /// heads and q_len positions, k and v num_kv_heads heads and kv_len
 /// positions; all have head_dim floats per row. out may not overlap the
-/// inputs, and the rows of k (and of v) may not overlap one another:
-/// seq_stride >= head_dim.
-void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q, head_tensor<const float> k,
-                                  head_tensor<const float> v, head_tensor<float> out,
-                                  const attention_options& options = {});
+/// inputs. Checked (std::invalid_argument, out untouched): every view's
+/// seq_stride >= head_dim (the rows along seq do not overlap); the rows of out
+/// do not overlap one another at all (its axes, sorted by stride, nest: each
+/// stride at least the span of the axes inside it, as in every dense layout);
+/// no view addresses beyond the end of memory; q_offset + q_len, and the
+/// sizes of the mask and the probabilities, fit std::size_t.
+KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q,
+                                             head_tensor<const float> k, head_tensor<const float> v,
+                                             head_tensor<float> out, const attention_options& options = {});
 
 struct attention_config {
   std::size_t num_heads = 0;     // H
@@ -130,8 +150,12 @@ struct sequence_tokens {
 /// computed in double and rounded to float; positions are absolute, 0 for
 /// the first token of each sequence. With H = G, no RoPE and no mask the
 /// result equals torch.nn.MultiheadAttention with in_proj = [Wq; Wk; Wv].
-class attention_layer {
+class KVHEAD_API attention_layer {
  public:
+  /// Errors (std::invalid_argument naming the field): num_heads, head_dim or
+  /// d_model 0, num_kv_heads not dividing num_heads, a non-finite scale or
+  /// rope_theta, RoPE with an odd head_dim, weight sizes overflowing
+  /// std::size_t, a null weight.
   attention_layer(const attention_config& config, const attention_weights& weights);
   ~attention_layer();
   attention_layer(attention_layer&&) noexcept;
@@ -141,7 +165,13 @@ class attention_layer {
 
   /// y = layer(x): x and y are [batch, seq, d_model] row-major; y may not
   /// overlap x. Every sequence starts at position 0; causal as configured.
+  /// batch x seq x the widest row (d_model or (H + 2G) d) must fit
+  /// std::size_t (std::invalid_argument otherwise, y untouched). NaN or Inf
+  /// in x is not an error: it propagates to the outputs that attend to its
+  /// row (see "Special values" above), never a crash.
   void forward(const float* x, std::size_t batch, std::size_t seq, float* y) const;
+  /// The same with the causality chosen per call (config().causal ignored).
+  void forward(const float* x, std::size_t batch, std::size_t seq, bool causal, float* y) const;
 
   /// Incremental decoding over a KV cache, as layer `layer` of the cache.
   /// For each entry of `batch`, its sequence's `tokens` newest positions are
@@ -153,15 +183,26 @@ class attention_layer {
   /// a prefill chunk of one sequence with single-token steps of others.
   /// Results are bit-identical to forward() with causal = true over each
   /// whole sequence, however the tokens were chunked or batched.
-  /// Errors (std::invalid_argument, nothing written): a cache geometry that
-  /// does not match (num_kv_heads, head_dim), a layer index out of range, a
-  /// sequence listed twice, tokens = 0 or more than the sequence's length;
-  /// an unknown sequence id throws kv_cache_error.
+  /// Isolation (kv_cache.hpp, "Writing"): `tokens` must be exactly
+  /// length - mark, the positions this layer has not written yet, and the
+  /// blocks holding them must belong to that sequence alone; on success the
+  /// layer's mark becomes the length. So each layer runs once per append, a
+  /// layer skipped (or a step abandoned by an exception) is refused on the
+  /// next step until its positions are written, and re-running a forward
+  /// after truncate or fork without a new append is refused.
+  /// Errors (std::invalid_argument, nothing written, no mark moved): a cache
+  /// geometry that does not match (num_kv_heads, head_dim), a layer index out
+  /// of range, a sequence listed twice, tokens = 0 or more than the
+  /// sequence's length, tokens other than length - mark (the message names
+  /// the sequence, the layer, the mark and the length), unwritten positions
+  /// in a block shared with another sequence; an unknown sequence id throws
+  /// kv_cache_error. A call that fails later (std::bad_alloc) moves no mark
+  /// and may be repeated.
   void forward(kv_cache& cache, std::size_t layer, const std::vector<sequence_tokens>& batch, const float* x,
                float* y) const;
 
  private:
-  struct impl;
+  struct KVHEAD_HIDDEN impl;
   std::unique_ptr<impl> impl_;
 };
 

@@ -16,23 +16,25 @@
 #include <string>
 #include <vector>
 
+#include "kvhead/export.h"
+
 namespace kvhead {
 
 /// Library version, "major.minor.patch".
-const char* version();
+KVHEAD_API const char* version();
 
 /// The SIMD instruction-set paths kvhead is compiled for, best first.
 enum class simd_path { avx512, avx2, sse2 };
 
 /// "avx512", "avx2" or "sse2".
-const char* to_string(simd_path path);
+KVHEAD_API const char* to_string(simd_path path);
 
 /// The path kvhead uses (best supported, or KVHEAD_ISA). Throws
 /// std::runtime_error when KVHEAD_ISA is unknown or above what the CPU runs.
-simd_path active_simd_path();
+KVHEAD_API simd_path active_simd_path();
 
 /// Every path this CPU and OS can run, best first (sse2 is always last).
-std::vector<simd_path> supported_simd_paths();
+KVHEAD_API std::vector<simd_path> supported_simd_paths();
 
 /// The kernel configuration in use: a row of kvhead's table of configurations
 /// (GEMM register tile and cache blocking per kind of CPU), chosen at first use
@@ -44,15 +46,27 @@ std::vector<simd_path> supported_simd_paths();
 /// Results depend on the SIMD path only, never on the configuration: every row
 /// sums over k in the same fixed blocks, so two CPUs of different kinds give
 /// the same bits on the same path (different paths round differently).
-const char* kernel_config_name();
+KVHEAD_API const char* kernel_config_name();
 
 /// Threads for kvhead's work. 0 (the default): every call runs in the
 /// caller's oneTBB task arena — all cores unless the caller made a smaller
 /// arena. n > 0: every call runs in a process-wide task arena of n threads.
 /// Nothing in kvhead starts threads of its own either way. Results never
 /// depend on the thread count. Throws std::invalid_argument above 4096.
-void set_num_threads(std::size_t threads);
-std::size_t num_threads();
+KVHEAD_API void set_num_threads(std::size_t threads);
+KVHEAD_API std::size_t num_threads();
+
+/// Frees kvhead's per-thread scratch memory (GEMM packing buffers, Q/K/V and
+/// attention workspaces) on every thread of the process, except what a
+/// kvhead call running at that moment is using. Each thread keeps its scratch
+/// between calls, so that steady-state calls allocate nothing; it grows to
+/// the largest call that thread has run (an 8k-token prefill leaves hundreds
+/// of MB per thread). Call this after such a one-off call. It may be called
+/// at any time from any thread, also while other threads run kvhead calls:
+/// those keep what they use, and the next calls allocate their scratch again
+/// (once). Packed weights and KV caches are not scratch: they belong to their
+/// attention_layer and kv_cache. Never throws.
+KVHEAD_API void release_scratch() noexcept;
 
 /// How attention reduces a key range that the scheduler splits across tasks
 /// (long pasts decoded for few sequences).
@@ -67,7 +81,7 @@ std::size_t num_threads();
 /// Process-wide; the environment variable KVHEAD_REDUCTION=fixed|fastest sets
 /// the initial value (anything else is an error at first use, like KVHEAD_ISA).
 enum class reduction_order { fixed, fastest };
-void set_reduction_order(reduction_order order);
-reduction_order current_reduction_order();
+KVHEAD_API void set_reduction_order(reduction_order order);
+KVHEAD_API reduction_order current_reduction_order();
 
 }  // namespace kvhead

@@ -31,10 +31,21 @@
 // it whole (all layers) into a fresh block. truncate() and free() drop
 // references; a block returns to the pool when its count reaches 0.
 //
-// Writing. After append(s, n) took s from length L to L + n, the kernels may
-// write token slots [L, L + n) of s (through engine/cache/kv_cache_internals.hpp)
-// until the next append, truncate, free or fork of s (a fork shares those
-// blocks: write before forking). Token slots below L are read-only.
+// Writing. Each (sequence, layer) has a written-up-to mark: positions
+// [0, mark) hold K/V that attention_layer::forward wrote for that layer. A new
+// sequence's marks are 0; append() leaves them (the new positions are
+// reserved, not written), truncate() lowers them to the new length, fork()
+// copies them. A forward over the cache writes exactly the positions
+// [mark, length) of its layer, then raises the mark to the length; any other
+// request is refused before anything changes (attention.hpp). So attention
+// reads only what the same layer wrote for the same sequence (or for its
+// parent, before a fork), never a recycled block's old contents, and it never
+// writes a block another sequence holds: the blocks holding [mark, length)
+// must be referenced once (append makes them so; a fork between an append and
+// the forwards shares them, and both sequences must then truncate to the mark
+// and append again). Positions below the mark are read-only. A debug build
+// (NDEBUG not defined) fills a block with NaN when it returns to the pool, so
+// a read of a freed block shows.
 //
 // Errors. Every misuse (unknown or freed id, append of 0 tokens, a length that
 // would overflow std::size_t, truncate beyond the length, out of capacity)
@@ -45,31 +56,39 @@
 // pool, the sequence table) throws std::bad_alloc, also with no effect.
 //
 // Allocation. Besides the pool, the cache allocates when a sequence is created
-// (its entry in the sequence table), when one is forked (the entry and a copy
-// of the block table), and when a sequence's block table outgrows its
-// capacity: tables grow geometrically (doubling, at least 8 entries, capped at
-// total_blocks(), the most a sequence can hold) and never shrink, so a
-// sequence allocates O(log blocks) times over its life. append() within the
-// table capacity already reserved (whether or not it takes new blocks from the
-// pool or copies one), truncate(), free(), length(), blocks_used() and the
-// counters never allocate.
+// (its entry in the sequence table and its per-layer marks), when one is
+// forked (the entry and copies of the block table and the marks), and when a
+// sequence's block table outgrows its capacity: tables grow geometrically
+// (doubling, at least 8 entries, capped at total_blocks(), the most a sequence
+// can hold) and never shrink, so a sequence allocates O(log blocks) times over
+// its life. append() within the table capacity already reserved (whether or
+// not it takes new blocks from the pool or copies one), truncate(), free(),
+// length(), blocks_used() and the counters never allocate.
 //
-// Threads. Calls on distinct sequences of one cache may run concurrently from
-// any threads: the sequence table, the reference counts and the free list are
-// guarded by one internal mutex, held only for bookkeeping (block copies and
-// table growth happen outside it). Calls naming the same sequence must not
-// overlap when one of them modifies it (append, truncate, free); fork(p) and
-// the const queries (length, blocks_used, the internal block_table) only read
-// p and may overlap one another. The kernels may read blocks shared with other
-// sequences while those sequences are appended, truncated or freed. Moving a
-// cache, or destroying it, must not overlap any other call on it. The cache
-// uses no thread pool.
+// Threads. What may run concurrently on one cache:
+//   - calls naming distinct sequences, from any threads: append, fork,
+//     truncate, free, length, blocks_used and attention_layer::forward over
+//     the cache (which reads and writes the sequences of its batch), also when
+//     those sequences share blocks through fork; create(), config() and the
+//     counters (total_blocks ... bytes_in_use) at any time. The sequence
+//     table, the reference counts and the free list are guarded by one
+//     internal mutex, held only for bookkeeping (block copies, table growth
+//     and the kernels' reads and writes happen outside it);
+//   - on one sequence, only calls that all merely read it: fork(s), length(s),
+//     blocks_used(s). A call that modifies s (append, truncate, free, or a
+//     forward whose batch lists s) must not overlap any other call naming s,
+//     a forward listing s for another layer included;
+//   - never: moving, assigning or destroying the cache alongside any call.
+// Calls that do not overlap may come from different threads in any order (the
+// mutex orders them). The cache uses no thread pool.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+
+#include "kvhead/export.h"
 
 namespace kvhead {
 
@@ -95,12 +114,12 @@ struct kv_cache_config {
 using sequence_id = std::uint64_t;
 
 /// Every misuse of a kv_cache (see "Errors" above).
-class kv_cache_error : public std::runtime_error {
+class KVHEAD_API kv_cache_error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-class kv_cache {
+class KVHEAD_API kv_cache {
  public:
   /// Validates the configuration and allocates the whole pool.
   explicit kv_cache(const kv_cache_config& config);
@@ -117,13 +136,16 @@ class kv_cache {
   /// A new empty sequence. Ids start at 1 and are never reused by this cache.
   sequence_id create();
   /// Reserves `tokens` >= 1 new positions at the end of the sequence, for all
-  /// layers; the blocks receiving them are exclusively owned on return.
+  /// layers; the blocks receiving them are exclusively owned on return. The
+  /// marks stay: the new positions are unwritten until each layer's forward.
   void append(sequence_id sequence, std::size_t tokens);
-  /// A new sequence sharing all of the parent's blocks, with its length.
+  /// A new sequence sharing all of the parent's blocks, with its length and
+  /// its per-layer written-up-to marks.
   sequence_id fork(sequence_id parent);
   /// Shortens the sequence to `length` <= length(sequence) tokens and drops
-  /// the blocks it no longer needs. No data is copied (a later append does
-  /// the copy-on-write if the new last block is shared).
+  /// the blocks it no longer needs; every layer's mark above `length` drops
+  /// to it. No data is copied (a later append does the copy-on-write if the
+  /// new last block is shared).
   void truncate(sequence_id sequence, std::size_t length);
   /// Drops the sequence and its block references. The id is not reused.
   void free(sequence_id sequence);
@@ -140,7 +162,7 @@ class kv_cache {
   std::size_t bytes_in_use() const;  // (total_blocks() - free_blocks()) * block_bytes()
 
  private:
-  struct impl;
+  struct KVHEAD_HIDDEN impl;
   std::unique_ptr<impl> impl_;
   friend struct engine::kv_cache_internals;
 };

@@ -1,0 +1,32 @@
+// What the C API's opaque handles hold (include/kvhead/kvhead.h).
+#pragma once
+
+#include <memory>
+
+#include <tbb/task_arena.h>
+
+#include "kvhead/attention.hpp"
+#include "kvhead/kv_cache.hpp"
+#include "kvhead/kvhead.h"
+
+struct kvh_layer {
+  kvhead::attention_layer layer;
+  /// kvh_layer_options.threads > 0: the arena every call of this layer runs
+  /// in (initialized at open, so concurrent calls never race to create it);
+  /// null: the caller's arena.
+  std::unique_ptr<tbb::task_arena> arena;
+
+  /// Runs work() in this layer's arena.
+  template <class Work>
+  void run(const Work& work) const {
+    if (arena == nullptr) {
+      work();
+      return;
+    }
+    arena->execute(work);
+  }
+};
+
+struct kvh_cache {
+  kvhead::kv_cache cache;
+};

@@ -1,0 +1,171 @@
+// The C API's layer functions (include/kvhead/kvhead.h): options, open,
+// queries, the cache-free forward, close.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+
+#include <tbb/info.h>
+
+#include "engine/capi/handles.hpp"
+#include "engine/capi/status.hpp"
+#include "engine/io/layer_loader.hpp"
+#include "engine/io/regular_file.hpp"
+#include "engine/io/safetensors.hpp"
+
+namespace kvhead::capi {
+
+namespace {
+
+/// The struct as version 0.1 defined it: the smallest struct_size accepted.
+constexpr std::size_t first_options_size = offsetof(kvh_layer_options, threads) + sizeof(int32_t);
+static_assert(first_options_size <= sizeof(kvh_layer_options));
+
+constexpr int32_t max_threads = 4096;  // as kvhead::set_num_threads
+
+/// Every field at its default (kvhead.h), struct_size = this library's.
+constexpr kvh_layer_options default_options() {
+  kvh_layer_options options{};
+  options.struct_size = sizeof(kvh_layer_options);
+  options.num_heads = 0;
+  options.num_kv_heads = 0;
+  options.rope_theta = 0.0f;
+  options.scale = 0.0f;
+  options.prefix = nullptr;
+  options.threads = 0;
+  return options;
+}
+
+/// The caller's options as this library's struct: the fields its
+/// struct_size covers, defaults for the later ones.
+///
+/// Adding a field (kvhead.h's ABI rule): append it to kvh_layer_options,
+/// give its default in default_options(), validate it in load_options() or
+/// where it is used. Nothing else changes: an older caller's struct_size
+/// stops before the field, which then keeps its default. A field that fits
+/// in the old struct's tail padding (an int32 after threads: sizeof stays
+/// 40) is covered by the old struct_size too, and holds its default there,
+/// because kvh_layer_options_init_sized, run by this library, wrote it.
+kvh_layer_options read_options(const kvh_layer_options& given) {
+  const std::size_t size = given.struct_size;
+  check(size >= first_options_size, KVH_ERR_INVALID_ARGUMENT, [&] {
+    return "options->struct_size = " + std::to_string(size) +
+           ": initialize the options with kvh_layer_options_init first";
+  });
+  check(size <= sizeof(kvh_layer_options), KVH_ERR_INVALID_ARGUMENT, [&] {
+    return "options->struct_size = " + std::to_string(size) + " is from a newer kvhead (this library knows " +
+           std::to_string(sizeof(kvh_layer_options)) + " bytes of options, version " + kvh_version() + ")";
+  });
+  kvh_layer_options options = default_options();
+  std::memcpy(&options, &given, size);
+  return options;
+}
+
+/// The loader's options from validated C options.
+io::layer_load_options load_options(const kvh_layer_options& options) {
+  const auto invalid = [](const std::string& problem) { throw capi_error(KVH_ERR_INVALID_ARGUMENT, problem); };
+  if (options.num_heads < 1) invalid("options->num_heads = " + std::to_string(options.num_heads) + " (must be >= 1)");
+  if (options.num_kv_heads < 0)
+    invalid("options->num_kv_heads = " + std::to_string(options.num_kv_heads) + " (must be >= 0; 0 = num_heads)");
+  const int32_t kv_heads = options.num_kv_heads == 0 ? options.num_heads : options.num_kv_heads;
+  if (options.num_heads % kv_heads != 0)
+    invalid("options->num_heads = " + std::to_string(options.num_heads) +
+            " is not a multiple of num_kv_heads = " + std::to_string(kv_heads));
+  if (!std::isfinite(options.rope_theta) || options.rope_theta < 0.0f)
+    invalid("options->rope_theta must be 0 (no RoPE) or a positive finite number");
+  if (!std::isfinite(options.scale)) invalid("options->scale must be finite (0 = 1/sqrt(head_dim))");
+  if (options.threads < 0 || options.threads > max_threads)
+    invalid("options->threads = " + std::to_string(options.threads) + " (must be 0 to " + std::to_string(max_threads) +
+            "; 0 = all cores)");
+  io::layer_load_options load;
+  load.prefix = options.prefix != nullptr ? options.prefix : "";
+  load.num_heads = std::size_t(options.num_heads);
+  load.num_kv_heads = std::size_t(kv_heads);
+  if (options.scale != 0.0f) load.scale = options.scale;
+  load.causal = false;  // per call (kvh_layer_forward); decoding is always causal
+  load.rope_theta = options.rope_theta;
+  return load;
+}
+
+int32_t layer_dimension(const kvh_layer* layer, std::size_t attention_config::*field) {
+  return layer == nullptr ? 0 : int32_t(layer->layer.config().*field);
+}
+
+}  // namespace
+
+}  // namespace kvhead::capi
+
+using namespace kvhead::capi;
+
+extern "C" {
+
+void kvh_layer_options_init_sized(kvh_layer_options* options, size_t struct_size) {
+  if (options == nullptr || struct_size < first_options_size) return;
+  const kvh_layer_options defaults = default_options();
+  std::memcpy(options, &defaults, std::min(struct_size, sizeof defaults));
+  options->struct_size = struct_size;
+}
+
+// The exported function behind the macro of the same name (kvhead.h), for
+// callers that cannot use the macro (ctypes, cffi, bindgen).
+void(kvh_layer_options_init)(kvh_layer_options* options) {
+  kvh_layer_options_init_sized(options, sizeof(kvh_layer_options));
+}
+
+kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options* options, kvh_layer** out) {
+  return guarded("kvh_layer_open", [&] {
+    not_null(safetensors_path, "safetensors_path");
+    not_null(options, "options");
+    not_null(out, "out");
+    const kvh_layer_options checked = read_options(*options);
+    const kvhead::io::layer_load_options load = load_options(checked);
+    // Missing, unreadable or not a regular file: KVH_ERR_IO. Every later
+    // file_error is about the contents: KVH_ERR_FORMAT.
+    try {
+      const kvhead::io::regular_file probe(safetensors_path, "a safetensors file");
+    } catch (const kvhead::io::file_error& error) {
+      throw capi_error(KVH_ERR_IO, error.what());
+    }
+    std::unique_ptr<kvh_layer> layer;
+    {
+      const kvhead::io::safetensors_file file(safetensors_path);
+      const kvhead::io::loaded_layer loaded = kvhead::io::load_attention_layer(file, load);
+      layer.reset(new kvh_layer{loaded.build(), nullptr});
+    }
+    if (checked.threads > 0) {
+      const int threads = std::min<int>(checked.threads, std::max(1, tbb::info::default_concurrency()));
+      layer->arena = std::make_unique<tbb::task_arena>(threads);
+      layer->arena->initialize();
+    }
+    *out = layer.release();
+  });
+}
+
+int32_t kvh_layer_d_model(const kvh_layer* layer) { return layer_dimension(layer, &kvhead::attention_config::d_model); }
+int32_t kvh_layer_num_heads(const kvh_layer* layer) {
+  return layer_dimension(layer, &kvhead::attention_config::num_heads);
+}
+int32_t kvh_layer_num_kv_heads(const kvh_layer* layer) {
+  return layer_dimension(layer, &kvhead::attention_config::num_kv_heads);
+}
+int32_t kvh_layer_head_dim(const kvh_layer* layer) {
+  return layer_dimension(layer, &kvhead::attention_config::head_dim);
+}
+
+kvh_status kvh_layer_forward(const kvh_layer* layer, const float* x, int64_t batch, int64_t seq, int causal, float* y) {
+  return guarded("kvh_layer_forward", [&] {
+    not_null(layer, "layer");
+    not_null(x, "x");
+    not_null(y, "y");
+    const std::size_t batches = positive_count("batch", batch), tokens = positive_count("seq", seq);
+    const std::size_t floats =
+        checked_product({batches, tokens, layer->layer.config().d_model}, "batch * seq * d_model");
+    check_disjoint(x, y, floats);
+    layer->run([&] { layer->layer.forward(x, batches, tokens, causal != 0, y); });
+  });
+}
+
+void kvh_layer_close(kvh_layer* layer) { delete layer; }
+
+}  // extern "C"
