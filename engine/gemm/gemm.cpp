@@ -103,61 +103,85 @@ void run_tile(const gemm_config& config, kv_dtype element, microkernel_params pa
     std::copy(tile + row * config.nr, tile + row * config.nr + cols, c + row * ldc);
 }
 
+// The rows of A panel `panel` of m rows: whole MR-row panels, except that a
+// short remainder (at most MR / 2 rows) and the full panel before it are
+// split into two near-equal panels. A kernel of r rows keeps r * NR / W
+// accumulator chains, and the FMA pipes need latency x pipes of them (8 on
+// every path here): 32 rows at MR 6 run as 6, 6, 6, 6, 4, 4 instead of
+// 6, 6, 6, 6, 6, 2, whose 2-row kernel would run at half speed. Rows never
+// change a row's arithmetic (microkernel.hpp), only which kernel runs it.
+struct panel_rows {
+  std::size_t row0, rows;
+};
+panel_rows a_panel(std::size_t m, std::size_t mr, std::size_t panel) {
+  const std::size_t panels = ceil_div(m, mr), remainder = m % mr;
+  if (remainder == 0 || 2 * remainder > mr || panels < 2 || panel + 2 < panels)
+    return {panel * mr, std::min(mr, m - panel * mr)};
+  const std::size_t pair0 = (panels - 2) * mr, first = (mr + remainder + 1) / 2;
+  return panel + 2 == panels ? panel_rows{pair0, first} : panel_rows{pair0 + first, mr + remainder - first};
+}
+
 // One (JC, PC) step: C[:, col0 : col0+cols] (+)= alpha * op(A)[:, k0 : k0+depth] * block.
-// Tasks over (row block x group of NR panels), each reading its packed A
-// block (L2) against its B panels (L1).
+// Tasks over (block of A panels x group of NR panels), each reading its
+// packed A block (L2) against its B panels (L1). Packed A panel p, of the
+// rows a_panel(m, MR, p), is MR wide (zero rows past its own) at p * MR * depth.
 void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_operand a, std::size_t k0,
                     std::size_t depth, const b_block& block, std::size_t col0, std::size_t cols, float beta, float* c,
                     std::size_t ldc) {
   const std::size_t element_size = element_bytes(block.element);
   const std::size_t a_panels = ceil_div(m, config.mr);
-  // Tasks: equal row blocks (whole MR panels, at most MC rows: the A block
-  // stays in L2) times groups of NR panels. With several threads, aim for ~4
-  // tasks each, cutting rows first, then columns, into near-equal parts.
+  // Tasks: equal blocks of A panels (at most MC rows: the A block stays in
+  // L2) times groups of NR panels. With several threads, aim for ~4 tasks
+  // each, cutting rows first, then columns, into near-equal parts.
   const std::size_t panels = ceil_div(cols, config.nr);
   const std::size_t threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
   const std::size_t wanted = threads < 2 ? 1 : 4 * threads;
   const std::size_t row_blocks = std::clamp<std::size_t>(wanted, ceil_div(m, config.mc), a_panels);
-  const std::size_t block_rows = ceil_div(a_panels, row_blocks) * config.mr;
-  const std::size_t panel_groups = std::clamp<std::size_t>(ceil_div(wanted, ceil_div(m, block_rows)), 1, panels);
+  const std::size_t block_panels = ceil_div(a_panels, row_blocks);
+  const std::size_t panel_groups =
+      std::clamp<std::size_t>(ceil_div(wanted, ceil_div(a_panels, block_panels)), 1, panels);
   const std::size_t panels_per_group = ceil_div(panels, panel_groups);
   const std::size_t groups = ceil_div(panels, panels_per_group);
 
   // Packed A of this k-slice. When each task owns whole rows (one column
-  // group), it packs its own rows; otherwise the rows are packed first, in
-  // parallel, and shared by the column groups.
+  // group), it packs its own panels; otherwise the panels are packed first,
+  // in parallel, and shared by the column groups.
   scratch_lease a_packed(a_panels * config.mr * depth);
-  auto pack_rows = [&](std::size_t row0, std::size_t rows) {
-    pack_a(a, row0, rows, k0, depth, config.mr, a_packed.data() + row0 * depth);
+  auto pack_a_panels = [&](std::size_t first, std::size_t end) {
+    for (std::size_t panel = first; panel < end; ++panel) {
+      const panel_rows span = a_panel(m, config.mr, panel);
+      pack_a(a, span.row0, span.rows, k0, depth, config.mr, a_packed.data() + panel * config.mr * depth);
+    }
   };
   if (groups > 1) {
     constexpr std::size_t a_panels_per_task = 8;
     for_each_index(ceil_div(a_panels, a_panels_per_task), 32.0 * double(m) * double(depth), [&](std::size_t task) {
-      const std::size_t row0 = task * a_panels_per_task * config.mr;
-      pack_rows(row0, std::min(a_panels_per_task * config.mr, m - row0));
+      pack_a_panels(task * a_panels_per_task, std::min(a_panels, (task + 1) * a_panels_per_task));
     });
   }
 
   auto run_task = [&](std::size_t task) {
     const std::size_t row_block = task / groups, group = task % groups;
-    const std::size_t row0 = row_block * block_rows;
-    const std::size_t rows = std::min(block_rows, m - row0);
-    if (groups == 1) pack_rows(row0, rows);
+    const std::size_t first_panel = row_block * block_panels;
+    const std::size_t end_panel = std::min(a_panels, first_panel + block_panels);
+    if (groups == 1) pack_a_panels(first_panel, end_panel);
     const std::size_t panel_end = std::min(panels, (group + 1) * panels_per_group);
     for (std::size_t panel = group * panels_per_group; panel < panel_end; ++panel) {
       const bool packed_tail = block.tail_panel != nullptr && panel + 1 == panels;
       const kv_dtype element = packed_tail ? kv_dtype::f32 : block.element;
       const std::size_t col = panel * config.nr;
-      for (std::size_t row = row0; row < row0 + rows; row += config.mr) {
+      for (std::size_t a_index = first_panel; a_index < end_panel; ++a_index) {
+        const panel_rows span = a_panel(m, config.mr, a_index);
+        const float* const a_block = a_packed.data() + a_index * config.mr * depth;
         microkernel_params params{
-            a_packed.data() + row * depth, nullptr, packed_tail ? config.nr : block.row_stride, depth, alpha, beta,
-            c + row * ldc + col0 + col,    ldc};
-        const std::size_t tile_rows = std::min(config.mr, m - row), tile_cols = std::min(config.nr, cols - col);
+            a_block, nullptr, packed_tail ? config.nr : block.row_stride, depth, alpha, beta,
+            c + span.row0 * ldc + col0 + col, ldc};
+        const std::size_t tile_rows = span.rows, tile_cols = std::min(config.nr, cols - col);
         if (block.page_depth != 0) {
           // Row pages: the chain of FMAs continues from page to page.
           for (std::size_t k = 0; k < depth; k += block.page_depth) {
             const std::size_t page = k / block.page_depth;
-            params.a_panel = a_packed.data() + row * depth + k * config.mr;
+            params.a_panel = a_block + k * config.mr;
             params.b_panel = static_cast<const std::byte*>(block.pages[page]) +
                              (block.first_panel + panel) * block.page_depth * config.nr * element_size;
             params.k_depth = std::min(block.page_depth, depth - k);
@@ -179,7 +203,7 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       }
     }
   };
-  for_each_index(ceil_div(m, block_rows) * groups, 2.0 * double(m) * double(cols) * double(depth), run_task);
+  for_each_index(ceil_div(a_panels, block_panels) * groups, 2.0 * double(m) * double(cols) * double(depth), run_task);
 }
 
 // The JC and PC loops; block(col0, cols, k0, depth) yields op(B)'s block.
