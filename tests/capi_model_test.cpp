@@ -6,6 +6,8 @@
 // by the golden_model tests (cli_model_test.cpp).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -106,4 +108,44 @@ TEST_CASE("C API model folder: bad calls give their status and name the problem,
   CHECK(kvh_layer_open_model(nullptr, 0, &options, &layer) == KVH_ERR_INVALID_ARGUMENT);
   CHECK_THROWS_AS(kvhead::load_model_layer(dir.file("absent"), 0), std::runtime_error);
   CHECK_THROWS_AS(kvhead::model_layer_config(llama3, 3), std::runtime_error);
+}
+
+TEST_CASE("C API kv_dtype: a bf16 or int8 cache decodes within its rounding of forward; a bad value is refused") {
+  for (const int32_t dtype : {int32_t(KVH_KV_BF16), int32_t(KVH_KV_F16), int32_t(KVH_KV_INT8)}) {
+    INFO("kv_dtype " << dtype);
+    kvh_layer_options options = defaults();
+    options.kv_dtype = dtype;
+    kvh_layer* layer = nullptr;
+    REQUIRE_MESSAGE(kvh_layer_open_model(llama3.c_str(), 1, &options, &layer) == KVH_OK, kvh_last_error());
+    constexpr std::size_t tokens = 6;
+    std::mt19937 random(9);
+    const std::vector<float> x = kvhead::testing::random_values(tokens * 64, random, 1.0f);
+    std::vector<float> forward(x.size()), decoded(x.size());
+    REQUIRE(kvh_layer_forward(layer, x.data(), 1, tokens, 1, forward.data()) == KVH_OK);
+    kvh_cache* cache = nullptr;
+    REQUIRE(kvh_cache_create(layer, std::size_t{8} << 20, &cache) == KVH_OK);
+    int64_t id = 0;
+    REQUIRE(kvh_sequence_create(cache, &id) == KVH_OK);
+    const int64_t all = tokens;
+    REQUIRE(kvh_decode(layer, cache, &id, &all, 1, x.data(), decoded.data()) == KVH_OK);
+    float largest = 0.0f, difference = 0.0f;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      largest = std::max(largest, std::abs(forward[i]));
+      difference = std::max(difference, std::abs(forward[i] - decoded[i]));
+    }
+    // The issue's ceilings on max |diff| / max |f32 output| (kv_cache.hpp
+    // derives tighter bounds; this checks that the dtype reached the cache
+    // and that it is not f32's bits).
+    const float ceiling = dtype == KVH_KV_BF16 ? 1e-2f : dtype == KVH_KV_F16 ? 2e-3f : 3e-2f;
+    CHECK(difference <= ceiling * largest);
+    CHECK(difference > 0.0f);
+    kvh_cache_destroy(cache);
+    kvh_layer_close(layer);
+  }
+  kvh_layer_options options = defaults();
+  options.kv_dtype = 7;
+  kvh_layer* layer = nullptr;
+  CHECK(kvh_layer_open_model(llama3.c_str(), 0, &options, &layer) == KVH_ERR_INVALID_ARGUMENT);
+  CHECK(layer == nullptr);
+  CHECK(std::string(kvh_last_error()).find("kv_dtype") != std::string::npos);
 }

@@ -11,6 +11,8 @@
 
 struct kvh_layer {
   kvhead::attention_layer layer;
+  /// kvh_layer_options.kv_dtype: how caches created from this layer store K/V.
+  kvhead::kv_dtype cache_dtype = kvhead::kv_dtype::f32;
   /// kvh_layer_options.threads > 0: the arena every call of this layer runs
   /// in (initialized at open, so concurrent calls never race to create it);
   /// null: the caller's arena.

@@ -35,6 +35,7 @@ constexpr kvh_layer_options default_options() {
   options.scale = 0.0f;
   options.prefix = nullptr;
   options.threads = 0;
+  options.kv_dtype = KVH_KV_F32;
   return options;
 }
 
@@ -91,7 +92,13 @@ io::layer_load_options load_options(const kvh_layer_options& options) {
 
 /// A kvh_layer around `layer`, with its own arena when options.threads > 0.
 std::unique_ptr<kvh_layer> wrap(attention_layer layer, const kvh_layer_options& options) {
-  std::unique_ptr<kvh_layer> wrapped(new kvh_layer{std::move(layer), nullptr});
+  check(options.kv_dtype >= KVH_KV_F32 && options.kv_dtype <= KVH_KV_INT8, KVH_ERR_INVALID_ARGUMENT, [&] {
+    return "options->kv_dtype = " + std::to_string(options.kv_dtype) +
+           " (must be KVH_KV_F32, KVH_KV_BF16, KVH_KV_F16 or KVH_KV_INT8)";
+  });
+  static_assert(int(kv_dtype::f32) == KVH_KV_F32 && int(kv_dtype::bf16) == KVH_KV_BF16 &&
+                int(kv_dtype::f16) == KVH_KV_F16 && int(kv_dtype::int8) == KVH_KV_INT8);
+  std::unique_ptr<kvh_layer> wrapped(new kvh_layer{std::move(layer), kv_dtype(options.kv_dtype), nullptr});
   if (options.threads > 0) {
     const int threads = std::min<int>(options.threads, std::max(1, tbb::info::default_concurrency()));
     wrapped->arena = std::make_unique<tbb::task_arena>(threads);

@@ -109,6 +109,12 @@ typedef struct kvh_cache kvh_cache;
    so a program built against an older header keeps working with a newer
    library (the fields it does not know take their defaults), and a newer
    program with an older library is told so (KVH_ERR_INVALID_ARGUMENT). */
+/* How a cache stores K and V (kvhead::kv_dtype, kv_cache.hpp): f32; bf16 or
+   f16 (round to nearest even, NaN and Inf kept); int8 (symmetric, one fp32
+   scale per token and kv head for K and for V; a non-finite row makes every
+   output attending to it NaN). Attention reads them in place, in fp32. */
+typedef enum kvh_kv_dtype { KVH_KV_F32 = 0, KVH_KV_BF16, KVH_KV_F16, KVH_KV_INT8 } kvh_kv_dtype;
+
 typedef struct kvh_layer_options {
   size_t struct_size;               /* sizeof(kvh_layer_options); set by kvh_layer_options_init */
   int32_t num_heads, num_kv_heads;  /* num_kv_heads 0 = num_heads */
@@ -116,11 +122,12 @@ typedef struct kvh_layer_options {
   float scale;                      /* 0 = 1/sqrt(head_dim) */
   const char* prefix;               /* tensor-name prefix, NULL = none */
   int32_t threads;                  /* 0 = all cores */
+  int32_t kv_dtype;                 /* a kvh_kv_dtype: how caches created from this layer store K/V; 0 = f32 */
   /* Later versions add fields here, each documented with its default. */
 } kvh_layer_options;
 
 /* The defaults: num_heads 0 (must be set), num_kv_heads 0, rope_theta 0,
-   scale 0, prefix NULL, threads 0; struct_size = the library's
+   scale 0, prefix NULL, threads 0, kv_dtype KVH_KV_F32; struct_size = the library's
    sizeof(kvh_layer_options). Through the macro below, C and C++ programs call
    kvh_layer_options_init_sized with their own sizeof. A NULL options is
    ignored. */
@@ -163,7 +170,8 @@ KVHEAD_API kvh_status kvh_layer_forward(const kvh_layer* layer, const float* x, 
 KVHEAD_API void kvh_layer_close(kvh_layer* layer);
 
 /* A one-layer cache for layers of this layer's num_kv_heads and head_dim,
-   with a pool of floor(byte_budget / block bytes) blocks of 256 tokens
+   storing K/V as the layer's options->kv_dtype (any layer of the geometry
+   may then use it), with a pool of floor(byte_budget / block bytes) blocks of 256 tokens
    allocated now (a budget below one block: KVH_ERR_INVALID_ARGUMENT; host
    memory exhausted: KVH_ERR_CAPACITY). */
 KVHEAD_API kvh_status kvh_cache_create(const kvh_layer* layer, size_t byte_budget, kvh_cache** out);
