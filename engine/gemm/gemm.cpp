@@ -324,14 +324,20 @@ packed_b::packed_b(std::size_t k, std::size_t n, gemm_operand b, simd_path path)
 
 namespace {
 
-void multiply_prepacked(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c,
-                        std::size_t ldc) {
-  engine::require(shape.k <= b.k && shape.n <= b.n, [&] {
+// The checks of a GEMM whose B (b_k x b_n) was laid out beforehand.
+void validate_fixed_b(const char* kind, gemm_shape shape, gemm_operand a, std::size_t b_k, std::size_t b_n,
+                      const float* c, std::size_t ldc) {
+  engine::require(shape.k <= b_k && shape.n <= b_n, [&] {
     return std::string("gemm: the block ") + std::to_string(shape.k) + " x " + std::to_string(shape.n) +
-           " exceeds the packed B (" + std::to_string(b.k) + " x " + std::to_string(b.n) + ")";
+           " exceeds the " + kind + " B (" + std::to_string(b_k) + " x " + std::to_string(b_n) + ")";
   });
   validate_operand("A", a, shape.m, shape.k);
   validate_c(c, ldc, shape.m, shape.n);
+}
+
+void multiply_prepacked(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c,
+                        std::size_t ldc) {
+  validate_fixed_b("packed", shape, a, b.k, b.n, c, ldc);
   const gemm_config config = gemm_config_for(b.path);
   const std::size_t element_size = element_bytes(b.element);
   // Packed block k0 / KC starts at element k0 * round_up(b.n, NR); its
@@ -352,12 +358,7 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float 
 }
 
 void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float beta, float* c, std::size_t ldc) {
-  engine::require(shape.k <= b.k && shape.n <= b.n, [&] {
-    return std::string("gemm: the block ") + std::to_string(shape.k) + " x " + std::to_string(shape.n) +
-           " exceeds the paged B (" + std::to_string(b.k) + " x " + std::to_string(b.n) + ")";
-  });
-  validate_operand("A", a, shape.m, shape.k);
-  validate_c(c, ldc, shape.m, shape.n);
+  validate_fixed_b("paged", shape, a, b.k, b.n, c, ldc);
   const gemm_config config = gemm_config_for(b.path);
   if (b.along_k) {
     engine::require(shape.k <= config.kc && alpha == 1.0f && beta == 0.0f, [&] {
