@@ -31,12 +31,14 @@
 #include <limits>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "engine/arch/aligned_buffer.hpp"
+#include "engine/arch/checked_size.hpp"
 #include "engine/cache/kv_cache_internals.hpp"
 #include "engine/gemm/stored_element.hpp"
 
@@ -57,16 +59,16 @@ std::size_t ceil_div(std::size_t a, std::size_t b) { return a / b + (a % b != 0)
 
 /// a * b, or throws std::invalid_argument(message) when it overflows.
 std::size_t checked_product(std::size_t a, std::size_t b, const char* message) {
-  std::size_t product = 0;
-  if (__builtin_mul_overflow(a, b, &product)) throw std::invalid_argument(message);
-  return product;
+  const std::optional<std::size_t> product = engine::checked_product({a, b});
+  if (!product) throw std::invalid_argument(message);
+  return *product;
 }
 
 /// a + b, or throws std::invalid_argument(message) when it overflows.
 std::size_t checked_sum(std::size_t a, std::size_t b, const char* message) {
-  std::size_t sum = 0;
-  if (__builtin_add_overflow(a, b, &sum)) throw std::invalid_argument(message);
-  return sum;
+  const std::optional<std::size_t> sum = engine::checked_sum(a, b);
+  if (!sum) throw std::invalid_argument(message);
+  return *sum;
 }
 
 std::size_t checked_round_up(std::size_t value, std::size_t multiple, const char* message) {

@@ -14,9 +14,11 @@
 #include <cstdint>
 #include <initializer_list>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "engine/arch/checked_size.hpp"
 #include "engine/io/file_error.hpp"
 #include "kvhead/kv_cache.hpp"
 #include "kvhead/kvhead.h"
@@ -84,11 +86,9 @@ inline void not_null(const void* pointer, const char* name) {
 /// The product of `factors`, or a capi_error (KVH_ERR_INVALID_ARGUMENT)
 /// naming `what` when it overflows std::size_t.
 inline std::size_t checked_product(std::initializer_list<std::size_t> factors, const char* what) {
-  std::size_t product = 1;
-  for (const std::size_t factor : factors)
-    check(!__builtin_mul_overflow(product, factor, &product), KVH_ERR_INVALID_ARGUMENT,
-          [&] { return std::string(what) + " overflows size_t"; });
-  return product;
+  const std::optional<std::size_t> product = engine::checked_product(factors);
+  check(product.has_value(), KVH_ERR_INVALID_ARGUMENT, [&] { return std::string(what) + " overflows size_t"; });
+  return *product;
 }
 
 /// x and y, `floats` floats each, must not overlap (KVH_ERR_INVALID_ARGUMENT).
