@@ -50,7 +50,7 @@ cached_decode::cached_decode(const decode_shape& shape) : shape_(shape), filled_
 
 void cached_decode::run(std::size_t call, const float* q, float* out) const {
   engine::cached_attention(filled_.cache, 0, calls_[call], shape_.heads, q, out,
-                           1.0f / std::sqrt(float(shape_.head_dim)), active_simd_path());
+                           1.0f / std::sqrt(float(shape_.head_dim)), shape_.window, active_simd_path());
 }
 
 }  // namespace kvhead::bench

@@ -9,12 +9,16 @@
 //                       mask (6.44 GFLOP);
 //   S4_decode_mqa       32 q heads, 1 kv head, d 128, past 8192, 16 sequences;
 //   S5_decode_ragged16  16 sequences, pasts 256..4096 evenly, 32/8 heads, d
-//                       128, one batched call (285 MB).
+//                       128, one batched call (285 MB);
+//   S6_decode_swa       S1's geometry at past 16384 with a sliding window of
+//                       4096 (5 sequences, 671 MB cached, 168 MB read per
+//                       rotation), against S1 itself (past 4096, no window).
 // Decode counts (attention only, one new token per sequence): flops 4 H d
-// (past + 1), bytes the K/V read. Prefill: flops 4 H d L(L+1)/2 (q kᵀ and p v
+// (past + 1), bytes the K/V read; with a window W, min(past + 1, W) keys. Prefill: flops 4 H d L(L+1)/2 (q kᵀ and p v
 // over the causal triangle), bytes q, k, v and out once.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -30,6 +34,7 @@ struct decode_shape {
   std::size_t per_call = 1;        // sequences per call; calls rotate over pasts.size() / per_call groups
   std::size_t block_size = 0;      // cache tokens per block, 0: the cache's default
   kv_dtype dtype = kv_dtype::f32;  // how the cache stores K/V
+  std::size_t window = 0;          // sliding window, 0: none
 
   std::size_t calls() const { return pasts.size() / per_call; }
   // The sequences of the first call only (the same data: inputs are seeded per sequence).
@@ -50,12 +55,15 @@ struct decode_shape {
  private:
   double keys() const {
     double total = 0.0;
-    for (std::size_t past : pasts) total += double(past + 1);
+    for (std::size_t past : pasts) total += double(window == 0 ? past + 1 : std::min(past + 1, window));
     return total;
   }
 };
 
 inline decode_shape s1_decode_gqa() { return {32, 8, 128, std::vector<std::size_t>(5, 4096)}; }
+inline decode_shape s6_decode_swa() {
+  return {32, 8, 128, std::vector<std::size_t>(5, 16384), 1, 0, kv_dtype::f32, 4096};
+}
 inline decode_shape s4_decode_mqa() { return {32, 1, 128, std::vector<std::size_t>(16, 8192)}; }
 inline decode_shape s5_decode_ragged16() {
   std::vector<std::size_t> pasts;

@@ -35,6 +35,7 @@ struct sdpa_setup {
   bool explicit_offset = false;
   bool padded = false;  // valid_len < kv_len for some batch elements
   bool additive = false;
+  std::size_t window = 0;  // sliding window, 0: none
 };
 
 struct sdpa_data {
@@ -94,7 +95,8 @@ kvhead::engine::attention_problem make_problem(const sdpa_setup& setup, const sd
           data.q_offset,
           data.valid_len.empty() ? nullptr : data.valid_len.data(),
           data.mask.empty() ? nullptr : data.mask.data(),
-          path};
+          path,
+          setup.window};
 }
 
 // Error bound of one output element (derivation in the comments):
@@ -124,7 +126,7 @@ void check_sdpa(const sdpa_setup& setup, simd_path path, std::mt19937& generator
   };
   const auto ref =
       kvhead::reference::sdpa({d.batch, d.num_heads, d.num_kv_heads, d.q_len, d.kv_len, d.head_dim, problem.scale,
-                               setup.causal, data.q_offset, problem.valid_len, problem.additive_mask},
+                               setup.causal, data.q_offset, problem.valid_len, problem.additive_mask, setup.window},
                               strided(data.q_view), strided(data.k_view), strided(data.v_view));
 
   std::size_t failures = 0;
@@ -145,7 +147,8 @@ void check_sdpa(const sdpa_setup& setup, simd_path path, std::mt19937& generator
   INFO("path " << std::string(kvhead::to_string(path)) << " batch=" << d.batch << " H=" << d.num_heads
                << " G=" << d.num_kv_heads << " q_len=" << d.q_len << " kv_len=" << d.kv_len << " d=" << d.head_dim
                << " bshd=" << setup.bshd_layout << " causal=" << setup.causal << " offset=" << data.q_offset
-               << " padded=" << setup.padded << " additive=" << setup.additive << " worst/tol=" << worst);
+               << " padded=" << setup.padded << " additive=" << setup.additive << " window=" << setup.window
+               << " worst/tol=" << worst);
   CHECK(failures == 0);
 }
 
@@ -180,6 +183,130 @@ TEST_CASE("attention matches the double reference: GQA ratios, head dims, length
       check_sdpa(setup, path, generator);
     }
   }
+}
+
+TEST_CASE("attention with a sliding window matches the double reference: windows 1, 2, chunk +-1, decode, prefill") {
+  const std::vector<std::size_t> windows = {1, 2, 3, 255, 256, 257, 511, 0};  // 0: a random one below kv_len
+  const std::vector<std::size_t> lengths = {1, 2, 31, 129, 255, 256, 257, 97, 211, 701};
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    std::mt19937 generator(1733);
+    auto pick = [&](const auto& list) { return list[generator() % list.size()]; };
+    for (int sample = 0; sample < 36; ++sample) {
+      sdpa_setup setup;
+      const std::size_t kv_heads = pick(std::vector<std::size_t>{1, 2, 3});
+      setup.dims.num_kv_heads = kv_heads;
+      setup.dims.num_heads = kv_heads * pick(std::vector<std::size_t>{1, 2, 4});
+      setup.dims.batch = 1 + generator() % 2;
+      setup.dims.head_dim = pick(std::vector<std::size_t>{7, 16, 33, 64});
+      const int kind = sample % 3;  // 0: decode at a long past, 1: prefill, 2: a chunk of queries
+      setup.dims.kv_len = kind == 0 ? 1500 + generator() % 1700 : pick(lengths);
+      setup.dims.q_len = kind == 0 ? 1 : kind == 1 ? setup.dims.kv_len : pick(lengths);
+      while (setup.dims.batch * setup.dims.num_heads * setup.dims.q_len * setup.dims.kv_len * setup.dims.head_dim >
+             20'000'000)
+        setup.dims.q_len = std::max<std::size_t>(1, setup.dims.q_len / 2);
+      setup.window = pick(windows);
+      if (setup.window == 0) setup.window = 1 + generator() % setup.dims.kv_len;
+      setup.bshd_layout = generator() & 1;
+      setup.causal = sample % 5 != 4;
+      setup.explicit_offset = kind == 2 && (generator() % 2 == 0 || setup.dims.q_len > setup.dims.kv_len);
+      setup.padded = generator() % 4 == 0;
+      setup.additive = generator() % 5 == 0;
+      check_sdpa(setup, path, generator);
+    }
+  }
+}
+
+TEST_CASE("attention with a sliding window: a decode step equals its row of the prefill; 1, 2, 3, 8 threads agree") {
+  for (simd_path path : kvhead::supported_simd_paths())
+    for (std::size_t window : {1, 2, 255, 256, 257}) {
+      std::mt19937 generator(static_cast<unsigned>(window));
+      sdpa_setup setup;
+      setup.dims = {1, 8, 2, 700, 700, 24};
+      setup.causal = true;
+      setup.window = window;
+      const sdpa_data data = make_data(setup, generator);
+      std::vector<float> full;
+      kvhead::engine::flash_attention(make_problem(setup, data, full, path));
+      for (std::size_t position : {0, 1, 255, 256, 257, 511, 512, 699}) {
+        sdpa_setup step = setup;
+        step.dims.q_len = 1;
+        step.dims.kv_len = position + 1;
+        sdpa_data step_data = data;
+        step_data.q_view.data = data.q.data() + position * setup.dims.head_dim;
+        step_data.q_offset = position;
+        for (int threads : {1, 2, 3, 8}) {
+          std::vector<float> out;
+          auto problem = make_problem(step, step_data, out, path);
+          problem.out = head_tensor<float>{out.data(), 0, setup.dims.head_dim, 0};
+          tbb::task_arena arena(threads);
+          arena.execute([&] { kvhead::engine::flash_attention(problem); });
+          for (std::size_t h = 0; h < setup.dims.num_heads; ++h) {
+            INFO("path " << std::string(kvhead::to_string(path)) << " window " << window << " position " << position
+                         << " threads " << threads << " head " << h);
+            CHECK(std::memcmp(out.data() + h * setup.dims.head_dim,
+                              full.data() + (h * setup.dims.q_len + position) * setup.dims.head_dim,
+                              setup.dims.head_dim * sizeof(float)) == 0);
+          }
+        }
+      }
+    }
+}
+
+TEST_CASE("attention with a sliding window: NaN in keys and values outside a query's window never reaches it") {
+  // Key and value 300 poisoned: seen by queries 300 .. 300 + window - 1 only.
+  // User K/V (prefill, V packed or read in place) and a cache of 16-key
+  // blocks (a window edge inside a block: its V page copied with zeros).
+  constexpr std::size_t seq = 700, head_dim = 16, poisoned = 300;
+  for (simd_path path : kvhead::supported_simd_paths())
+    for (std::size_t window : {1, 5, 250, 257}) {
+      std::mt19937 generator(3);
+      sdpa_setup setup;
+      setup.dims = {1, 2, 1, seq, seq, head_dim};
+      setup.causal = true;
+      setup.window = window;
+      sdpa_data data = make_data(setup, generator);
+      for (std::size_t e = 0; e < head_dim; ++e) {
+        data.k[poisoned * head_dim + e] = NAN;
+        data.v[poisoned * head_dim + e] = NAN;
+      }
+      auto sees = [&](std::size_t i) { return i >= poisoned && i < poisoned + window; };
+      std::vector<float> out;
+      kvhead::engine::flash_attention(make_problem(setup, data, out, path));
+      for (std::size_t i = 0; i < seq; ++i) {
+        INFO("path " << std::string(kvhead::to_string(path)) << " window " << window << " query " << i);
+        CHECK(std::isnan(out[i * head_dim]) == sees(i));
+      }
+      kvhead::kv_cache cache({1, 1, head_dim, 16, 4u << 20});
+      const kvhead::sequence_id id = cache.create();
+      cache.append(id, seq);
+      std::size_t count = 0;
+      const std::vector<kvhead::engine::cached_rows> rows = {
+          {kvhead::engine::kv_cache_internals::block_table(cache, id, &count), seq, 0, 0}};
+      kvhead::engine::write_cached_kv(cache, 0, rows, data.k.data(), data.v.data(), path);
+      // q [seq, 2 heads, d] from the bhsd q of the setup.
+      std::vector<float> q(seq * 2 * head_dim), cached(q.size());
+      for (std::size_t h = 0; h < 2; ++h)
+        for (std::size_t i = 0; i < seq; ++i)
+          std::copy_n(data.q.data() + (h * seq + i) * head_dim, head_dim, q.data() + (i * 2 + h) * head_dim);
+      const float scale = float(1.0 / std::sqrt(double(head_dim)));
+      kvhead::engine::cached_attention(cache, 0, rows, 2, q.data(), cached.data(), scale, window, path);
+      for (std::size_t i = 0; i < seq; ++i) {
+        INFO("cache, path " << std::string(kvhead::to_string(path)) << " window " << window << " query " << i);
+        CHECK(std::isnan(cached[i * 2 * head_dim]) == sees(i));
+        if (!sees(i))
+          CHECK(std::memcmp(cached.data() + i * 2 * head_dim, out.data() + i * head_dim, 4 * head_dim) == 0);
+      }
+      for (std::size_t position : {poisoned - 1, poisoned + window - 1, poisoned + window, seq - 1}) {
+        const std::vector<kvhead::engine::cached_rows> step = {
+            {kvhead::engine::kv_cache_internals::block_table(cache, id, &count), position + 1, position, 0}};
+        std::vector<float> one(2 * head_dim);
+        kvhead::engine::cached_attention(cache, 0, step, 2, q.data() + position * 2 * head_dim, one.data(), scale,
+                                         window, path);
+        INFO("cache decode, path " << std::string(kvhead::to_string(path)) << " window " << window << " position "
+                                   << position);
+        CHECK(std::memcmp(one.data(), cached.data() + position * 2 * head_dim, one.size() * sizeof(float)) == 0);
+      }
+    }
 }
 
 TEST_CASE("attention: a query with no visible key gives zeros, and zero-length keys give zeros") {
@@ -429,7 +556,7 @@ TEST_CASE("attention: V read in place or packed, and K and V from a cache's bloc
         kvhead::engine::write_cached_kv(cache, 0, rows, qkv.data() + heads * head_dim,
                                         qkv.data() + (heads + kv_heads) * head_dim, width, path);
         std::vector<float> cached(full.size());
-        kvhead::engine::cached_attention(cache, 0, rows, heads, qkv.data(), width, cached.data(), scale, path);
+        kvhead::engine::cached_attention(cache, 0, rows, heads, qkv.data(), width, cached.data(), scale, 0, path);
         INFO("path " << std::string(kvhead::to_string(path)) << " d " << head_dim << " block " << block_size);
         CHECK(std::memcmp(cached.data(), full.data(), full.size() * sizeof(float)) == 0);
       }

@@ -630,3 +630,74 @@ TEST_CASE("decode stress: threads decoding forked and truncated sequences of one
     CHECK(same_bits(outputs[t].data(), expected.data(), expected.size()));
   }
 }
+
+TEST_CASE("decode with a sliding window equals the full forward; dropping the blocks outside it frees them, same bits") {
+  constexpr std::size_t window = 37, seq = 300;
+  kvhead::attention_config windowed = gqa_rope;
+  windowed.sliding_window = window;
+  const layer_fixture first(windowed, 3), second(windowed, 4);  // two sliding layers of one cache
+  std::mt19937 generator(2);
+  const std::vector<float> x = random_values(seq * windowed.d_model, generator, 1.0f);
+  const std::vector<float> expected_first = first.full(x, seq), expected_second = second.full(x, seq);
+  // The window matters: the same layer without it differs.
+  kvhead::attention_config unwindowed = windowed;
+  unwindowed.sliding_window = 0;
+  const layer_fixture full_first(unwindowed, 3);
+  CHECK(!same_bits(full_first.full(x, seq).data(), expected_first.data(), x.size()));
+  for (std::size_t block_size : {16, 64})
+    for (std::size_t chunk : {std::size_t{1}, std::size_t{7}, seq})
+      for (bool drop : {false, true}) {
+        INFO("block_size " << block_size << " chunk " << chunk << " drop " << drop);
+        kvhead::kv_cache cache = make_cache(windowed, block_size, 2);
+        const kvhead::sequence_id id = cache.create();
+        std::vector<float> y_first(x.size()), y_second(x.size());
+        std::size_t most_held = 0;
+        for (std::size_t done = 0; done < seq; done += chunk) {
+          const std::size_t tokens = std::min(chunk, seq - done), offset = done * windowed.d_model;
+          cache.append(id, tokens);
+          first.layer.forward(cache, 0, {{id, tokens}}, x.data() + offset, y_first.data() + offset);
+          second.layer.forward(cache, 1, {{id, tokens}}, x.data() + offset, y_second.data() + offset);
+          if (drop) cache.drop_outside_window(id, window);
+          most_held = std::max(most_held, cache.total_blocks() - cache.free_blocks());
+        }
+        CHECK(same_bits(y_first.data(), expected_first.data(), x.size()));
+        CHECK(same_bits(y_second.data(), expected_second.data(), x.size()));
+        const std::size_t held = cache.total_blocks() - cache.free_blocks();
+        if (!drop) {
+          CHECK(cache.dropped(id) == 0);
+          CHECK(held == (seq + block_size - 1) / block_size);
+          continue;
+        }
+        // Every block wholly below position seq + 1 - window is back in the pool.
+        CHECK(cache.dropped(id) == (seq + 1 - window) / block_size * block_size);
+        CHECK(held == cache.blocks_used(id) - cache.dropped(id) / block_size);
+        if (chunk == 1) CHECK(most_held <= (window + block_size - 1) / block_size + 1);
+        CHECK(cache.drop_outside_window(id, window) == 0);  // nothing more to drop
+
+        // Later reads of dropped positions are errors, never garbage: a layer
+        // without a window, a wider window, new queries back inside the window.
+        cache.append(id, 1);
+        const std::vector<float> row(windowed.d_model, 0.5f);
+        std::vector<float> out(windowed.d_model);
+        CHECK_THROWS_WITH_AS(full_first.layer.forward(cache, 0, {{id, 1}}, row.data(), out.data()),
+                             doctest::Contains("were dropped (kv_cache::drop_outside_window)"), std::invalid_argument);
+        kvhead::attention_config wider = windowed;
+        wider.sliding_window = seq;
+        const layer_fixture wide(wider, 3);
+        CHECK_THROWS_WITH_AS(wide.layer.forward(cache, 0, {{id, 1}}, row.data(), out.data()),
+                             doctest::Contains("sliding window 300"), std::invalid_argument);
+        first.layer.forward(cache, 0, {{id, 1}}, row.data(), out.data());  // its own window: fine
+        second.layer.forward(cache, 1, {{id, 1}}, row.data(), out.data());
+        CHECK_THROWS_WITH_AS(cache.truncate(id, cache.dropped(id) - 1), doctest::Contains("dropped positions"),
+                             kvhead::kv_cache_error);
+        cache.truncate(id, cache.dropped(id));  // the next query's window reaches back into the dropped ones
+        cache.append(id, 1);
+        CHECK_THROWS_WITH_AS(first.layer.forward(cache, 0, {{id, 1}}, row.data(), out.data()),
+                             doctest::Contains("dropped"), std::invalid_argument);
+        const kvhead::sequence_id child = cache.fork(id);  // shares the kept blocks only
+        cache.free(id);
+        cache.free(child);
+        CHECK(cache.free_blocks() == cache.total_blocks());
+        CHECK_THROWS_AS(cache.drop_outside_window(child, window), kvhead::kv_cache_error);
+      }
+}

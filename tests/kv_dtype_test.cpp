@@ -283,9 +283,10 @@ filled fill(const cached_problem& problem, kv_dtype dtype, std::size_t block_siz
 }
 
 // Attention of rows [length - new_rows, length) of each sequence (batched in
-// one call when `batched`, else one call per sequence and row).
+// one call when `batched`, else one call per sequence and row), within a
+// sliding window of `window` keys (0: none).
 std::vector<float> attend(const cached_problem& problem, const filled& cache, std::size_t new_rows, bool batched,
-                          simd_path path) {
+                          simd_path path, std::size_t window = 0) {
   const std::size_t row_floats = problem.heads * problem.head_dim;
   std::vector<float> out(problem.lengths.size() * new_rows * row_floats);
   const float scale = 1.0f / std::sqrt(float(problem.head_dim));
@@ -298,14 +299,14 @@ std::vector<float> attend(const cached_problem& problem, const filled& cache, st
     std::vector<engine::cached_rows> batch;
     for (std::size_t s = 0; s < problem.lengths.size(); ++s)
       batch.push_back(rows_of(s, problem.lengths[s], problem.lengths[s] - new_rows, s * new_rows));
-    engine::cached_attention(cache.cache, 0, batch, problem.heads, problem.q.data(), out.data(), scale, path);
+    engine::cached_attention(cache.cache, 0, batch, problem.heads, problem.q.data(), out.data(), scale, window, path);
     return out;
   }
   for (std::size_t s = 0; s < problem.lengths.size(); ++s)
     for (std::size_t i = 0; i < new_rows; ++i) {
       const std::size_t row = s * new_rows + i, length = problem.lengths[s] - new_rows + i + 1;
       engine::cached_attention(cache.cache, 0, {rows_of(s, length, length - 1, 0)}, problem.heads,
-                               problem.q.data() + row * row_floats, out.data() + row * row_floats, scale, path);
+                               problem.q.data() + row * row_floats, out.data() + row * row_floats, scale, window, path);
     }
   return out;
 }
@@ -315,9 +316,10 @@ TEST_CASE("kv dtype: attention over a bf16, f16 or int8 cache equals a double re
     std::size_t heads, kv_heads, head_dim;
     std::vector<std::size_t> lengths;
     std::size_t new_rows;
+    std::size_t window = 0;  // sliding window, 0: none
   };
-  const shape shapes[] = {
-      {8, 2, 40, {1, 17, 300}, 1}, {4, 4, 128, {257, 33}, 5}, {6, 1, 16, {600}, 3}, {3, 3, 7, {45}, 2}};
+  const shape shapes[] = {{8, 2, 40, {1, 17, 300}, 1}, {4, 4, 128, {257, 33}, 5},     {6, 1, 16, {600}, 3},
+                          {3, 3, 7, {45}, 2},          {4, 2, 24, {700, 40}, 3, 257}, {6, 3, 16, {600}, 7, 1}};
   for (const simd_path path : kvhead::supported_simd_paths())
     for (const kv_dtype dtype : every_dtype)
       for (const std::size_t block_size : {std::size_t{16}, std::size_t{64}, std::size_t{256}})
@@ -326,9 +328,10 @@ TEST_CASE("kv dtype: attention over a bf16, f16 or int8 cache equals a double re
           CAPTURE(std::string(kvhead::to_string(dtype)));
           CAPTURE(block_size);
           CAPTURE(s.head_dim);
+          CAPTURE(s.window);
           const cached_problem problem(s.heads, s.kv_heads, s.head_dim, s.lengths, s.new_rows, 21);
           const filled cache = fill(problem, dtype, block_size, path);
-          const std::vector<float> out = attend(problem, cache, s.new_rows, true, path);
+          const std::vector<float> out = attend(problem, cache, s.new_rows, true, path, s.window);
           std::size_t failures = 0;
           for (std::size_t q_seq = 0; q_seq < s.lengths.size(); ++q_seq) {
             const std::size_t length = s.lengths[q_seq], d = s.head_dim;
@@ -339,7 +342,7 @@ TEST_CASE("kv dtype: attention over a bf16, f16 or int8 cache equals a double re
             // q [new_rows, H, d] and k, v [length, G, d] as [1, heads, seq, d] strided views.
             const reference::sdpa_result ref = reference::sdpa(
                 {1, s.heads, s.kv_heads, s.new_rows, length, d, 1.0 / std::sqrt(double(float(d))), true,
-                 length - s.new_rows, nullptr, nullptr},
+                 length - s.new_rows, nullptr, nullptr, s.window},
                 {q, 0, d, row_floats}, {k.data(), 0, d, s.kv_heads * d}, {v.data(), 0, d, s.kv_heads * d});
             for (std::size_t h = 0; h < s.heads; ++h)
               for (std::size_t i = 0; i < s.new_rows; ++i) {
@@ -364,38 +367,42 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-TEST_CASE("kv dtype: bit-identical across thread counts, batching, chunking and block sizes, per dtype and path") {
+TEST_CASE(
+    "kv dtype: bit-identical across thread counts, batching, chunking and block sizes, per dtype and path, with and "
+    "without a sliding window") {
   const cached_problem problem(8, 2, 64, {700, 1, 300, 257}, 1, 31);
   const cached_problem prefill(4, 1, 48, {520, 9}, 6, 32);
   for (const simd_path path : kvhead::supported_simd_paths())
-    for (const kv_dtype dtype : every_dtype) {
-      CAPTURE(std::string(kvhead::to_string(path)));
-      CAPTURE(std::string(kvhead::to_string(dtype)));
-      std::vector<float> decode_first, prefill_first;
-      for (const std::size_t block_size : block_sizes) {
-        CAPTURE(block_size);
-        const filled decode_cache = fill(problem, dtype, block_size, path);
-        const filled prefill_cache = fill(prefill, dtype, block_size, path);
-        for (const int threads : {1, 2}) {
-          CAPTURE(threads);
-          tbb::task_arena arena(threads);
-          arena.execute([&] {
-            const std::vector<float> batched = attend(problem, decode_cache, 1, true, path);
-            const std::vector<float> alone = attend(problem, decode_cache, 1, false, path);
-            const std::vector<float> chunked = attend(prefill, prefill_cache, 6, true, path);
-            const std::vector<float> by_token = attend(prefill, prefill_cache, 6, false, path);
-            CHECK(same_bits(batched, alone));
-            CHECK(same_bits(chunked, by_token));
-            if (decode_first.empty()) {
-              decode_first = batched;
-              prefill_first = chunked;
-            }
-            CHECK(same_bits(batched, decode_first));
-            CHECK(same_bits(chunked, prefill_first));
-          });
+    for (const kv_dtype dtype : every_dtype)
+      for (const std::size_t window : {std::size_t{0}, std::size_t{259}}) {
+        CAPTURE(std::string(kvhead::to_string(path)));
+        CAPTURE(std::string(kvhead::to_string(dtype)));
+        CAPTURE(window);
+        std::vector<float> decode_first, prefill_first;
+        for (const std::size_t block_size : block_sizes) {
+          CAPTURE(block_size);
+          const filled decode_cache = fill(problem, dtype, block_size, path);
+          const filled prefill_cache = fill(prefill, dtype, block_size, path);
+          for (const int threads : {1, 2}) {
+            CAPTURE(threads);
+            tbb::task_arena arena(threads);
+            arena.execute([&] {
+              const std::vector<float> batched = attend(problem, decode_cache, 1, true, path, window);
+              const std::vector<float> alone = attend(problem, decode_cache, 1, false, path, window);
+              const std::vector<float> chunked = attend(prefill, prefill_cache, 6, true, path, window);
+              const std::vector<float> by_token = attend(prefill, prefill_cache, 6, false, path, window);
+              CHECK(same_bits(batched, alone));
+              CHECK(same_bits(chunked, by_token));
+              if (decode_first.empty()) {
+                decode_first = batched;
+                prefill_first = chunked;
+              }
+              CHECK(same_bits(batched, decode_first));
+              CHECK(same_bits(chunked, prefill_first));
+            });
+          }
         }
       }
-    }
 }
 
 TEST_CASE(

@@ -95,3 +95,31 @@ TEST_CASE("scheduler: every chunk of every unit is in exactly one task") {
     for (std::size_t t = 1; t < plan.tasks.size(); ++t) CHECK(plan.tasks[t - 1].cost >= plan.tasks[t].cost);
   }
 }
+
+TEST_CASE("scheduler: a sliding-window decode tile counts only the chunks and keys inside its window") {
+  // S6's decode: past 16384, window 4096, against S1's past 4096 without one.
+  std::vector<attention_tile> windowed = tiles_for({{1, 16384}}, 32, 8, 128, true);
+  for (attention_tile& tile : windowed) tile.window = 4096;
+  const std::vector<attention_tile> full = tiles_for({{1, 4096}}, 32, 8, 128, true);
+  std::vector<kvhead::engine::work_unit> windowed_units, full_units;
+  kvhead::engine::tile_work_units(windowed, windowed_units);
+  kvhead::engine::tile_work_units(full, full_units);
+  REQUIRE(windowed_units.size() == full_units.size());
+  for (std::size_t t = 0; t < windowed_units.size(); ++t) {
+    const kvhead::engine::chunk_range chunks = kvhead::engine::tile_chunks(windowed[t]);
+    CHECK(chunks.first == (16385 - 4096) / kvhead::engine::kv_chunk);  // the chunk holding key 12289
+    CHECK(chunks.end == (16385 + kvhead::engine::kv_chunk - 1) / kvhead::engine::kv_chunk);
+    CHECK(windowed_units[t].chunks == full_units[t].chunks);  // 17: keys 12289..16384 and 0..4096
+    CHECK(windowed_units[t].cost == doctest::Approx(full_units[t].cost * 4096.0 / 4097.0));
+  }
+  // Every query of a tile beyond the window of its keys (valid_len) sees none.
+  std::vector<attention_tile> none = tiles_for({{3, 100}}, 4, 1, 16, false);
+  for (attention_tile& tile : none) {
+    tile.window = 5;
+    tile.key_limit = 50;  // queries at 100.. see keys from 96 on: none exist
+  }
+  std::vector<kvhead::engine::work_unit> none_units;
+  kvhead::engine::tile_work_units(none, none_units);
+  CHECK(none_units[0].chunks == 0);
+  CHECK(none_units[0].cost == 0.0);
+}

@@ -158,7 +158,8 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
                                           q_offset,
                                           options.valid_len,
                                           options.additive_mask,
-                                          active_simd_path()};
+                                          active_simd_path(),
+                                          options.sliding_window};
   engine::run_in_arena([&] {
     engine::flash_attention(problem);
     if (options.probabilities != nullptr) engine::attention_probabilities(problem, options.probabilities);
@@ -336,7 +337,8 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
                                           0,
                                           nullptr,
                                           nullptr,
-                                          active_simd_path()};
+                                          active_simd_path(),
+                                          config.sliding_window};
   engine::run_in_arena([&] {
     // 1-2. Projections, and RoPE at positions 0..seq-1 of each sequence.
     impl_->project(x, rows, work->positions.data(), qkv.data());

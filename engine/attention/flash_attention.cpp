@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -11,6 +15,7 @@
 #include "engine/arch/kernel_config.hpp"
 #include "engine/arch/scratch.hpp"
 #include "engine/gemm/pack.hpp"
+#include "engine/gemm/stored_element.hpp"
 #include "engine/scheduler/split_schedule.hpp"
 #include "engine/softmax/softmax.hpp"
 
@@ -68,6 +73,7 @@ struct user_kv_layout {
   std::size_t key_floats;
   const float* values;
   std::size_t value_floats;
+  std::size_t first_chunk;  // the chunk packed first (none before it is read)
 };
 
 class user_kv_source final : public kv_chunk_source {
@@ -80,9 +86,10 @@ class user_kv_source final : public kv_chunk_source {
 
   kv_segment segment(std::size_t chunk, std::size_t) const override {
     const std::size_t key0 = chunk * kv_chunk, width = std::min(kv_chunk, keys_ - key0);
-    const packed_b_view keys{packed_.keys + chunk * packed_.key_floats, head_dim_, width, path_};
+    const std::size_t slot = chunk - packed_.first_chunk;
+    const packed_b_view keys{packed_.keys + slot * packed_.key_floats, head_dim_, width, path_};
     if (packed_.values != nullptr)
-      return {keys, {packed_.values + chunk * packed_.value_floats, width, head_dim_, path_}, {}};
+      return {keys, {packed_.values + slot * packed_.value_floats, width, head_dim_, path_}, {}};
     return {keys, {}, {v_ + key0 * v_seq_stride_, v_seq_stride_, transpose::no}};
   }
 
@@ -103,6 +110,11 @@ void pack_operand(gemm_operand b, std::size_t k, std::size_t n, const gemm_confi
 
 }  // namespace
 
+std::size_t attention_tile::visible_begin(std::size_t row) const {
+  const std::size_t position = q_offset + row;
+  return window == 0 || position < window ? 0 : position + 1 - window;
+}
+
 std::size_t attention_tile::visible_end(std::size_t row) const {
   return causal ? std::min(key_limit, q_offset + row + 1) : key_limit;
 }
@@ -113,16 +125,34 @@ std::size_t tile_positions(std::size_t group, simd_path path) {
 
 namespace {
 
-// Keys of chunk `chunk` that query row `position` of the tile sees.
-std::size_t visible_in_chunk(const attention_tile& tile, std::size_t chunk, std::size_t position) {
-  const std::size_t key0 = chunk * kv_chunk;
-  const std::size_t end = tile.visible_end(tile.position0 + position);
-  return end <= key0 ? 0 : std::min(kv_chunk, end - key0);
+// Keys [begin, end) of a chunk, relative to its first key ({0, 0}: none).
+struct key_span {
+  std::size_t begin, end;
+  std::size_t count() const { return end - begin; }
+  bool operator==(const key_span&) const = default;
+};
+
+// The keys of chunk `chunk` that query row `position` of the tile sees.
+key_span visible_in_chunk(const attention_tile& tile, std::size_t chunk, std::size_t position) {
+  const std::size_t key0 = chunk * kv_chunk, row = tile.position0 + position;
+  const std::size_t begin = std::max(tile.visible_begin(row), key0);
+  const std::size_t end = std::min(tile.visible_end(row), key0 + kv_chunk);
+  return end > begin ? key_span{begin - key0, end - key0} : key_span{0, 0};
 }
 
-std::size_t tile_chunks(const attention_tile& tile) {
-  return ceil_div(tile.visible_end(tile.position0 + tile.positions - 1), kv_chunk);
+}  // namespace
+
+// Both ends of a row's visible keys grow with its position, so the rows that
+// see a key are a prefix of the tile, the first of them has the lowest begin
+// and the last the highest end.
+chunk_range tile_chunks(const attention_tile& tile) {
+  std::size_t last = tile.position0 + tile.positions;
+  while (last > tile.position0 && tile.visible_begin(last - 1) >= tile.visible_end(last - 1)) --last;
+  if (last == tile.position0) return {0, 0};
+  return {tile.visible_begin(tile.position0) / kv_chunk, ceil_div(tile.visible_end(last - 1), kv_chunk)};
 }
+
+namespace {
 
 // A partial of every row of a tile: max [rows], sum [rows], then acc [rows x d].
 std::size_t partial_floats(const attention_tile& tile) { return tile.positions * tile.group * (tile.head_dim + 2); }
@@ -152,20 +182,46 @@ void gather_queries(const attention_tile& tile, float* q_rows) {
     }
 }
 
+// A copy of one packed V page (values.k rows x head_dim) whose first `rows`
+// rows are zeros (+0 in every element type), leased from `copy`: a P·V that
+// starts inside the page then meets p = 0 with v = 0 before its keys, whatever
+// V holds there.
+const void* page_with_leading_zeros(const packed_b_view& values, std::size_t rows, std::optional<scratch_lease>& copy) {
+  const gemm_config config = gemm_config_for(values.path);
+  const std::size_t bytes = element_bytes(values.element);
+  const std::size_t elements = packed_b_floats(config, values.k, values.n);
+  copy.emplace(ceil_div(elements * bytes, sizeof(float)));
+  auto* const target = reinterpret_cast<std::byte*>(copy->data());
+  std::memcpy(target, values.panels, elements * bytes);
+  for (std::size_t col = 0; col < values.n; col += config.nr)
+    std::memset(target + pack_b_offset(config, values.k, values.n, 0, col) * bytes, 0, rows * config.nr * bytes);
+  return target;
+}
+
 // 2. Chunk `chunk`'s partial of every row: (max, sum) and acc [rows x d].
 // Rows that see no key of the chunk are left as they are (never merged). The
 // chunk's keys come in segments read in place (one per KV cache block);
 // every element's sums run in the same order whatever the segment size.
+// Segments before the first key any row sees (the tile's first row's window
+// begin) are neither asked for nor read.
 void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, std::size_t chunk, tile_scratch& scratch,
                    float* partial) {
   const std::size_t group = tile.group, head_dim = tile.head_dim, positions = tile.positions;
   const std::size_t rows = positions * group, key0 = chunk * kv_chunk;
-  const std::size_t width = std::min(kv_chunk, tile.visible_end(tile.position0 + positions - 1) - key0);
   auto visible = [&](std::size_t position) { return visible_in_chunk(tile, chunk, position); };
+  std::size_t width = 0;  // keys [0, width) of the chunk span every row's visible ones
+  bool uniform = true;    // every row sees the same keys
+  for (std::size_t position = 0; position < positions; ++position) {
+    width = std::max(width, visible(position).end);
+    uniform = uniform && visible(position) == visible(0);
+  }
   const std::size_t segment_keys = source.segment_keys();
   const std::size_t segments = ceil_div(width, segment_keys);
+  const std::size_t lowest = std::max(tile.visible_begin(tile.position0), key0) - key0;  // no row sees a key before
+  const std::size_t first_segment = std::min(lowest, width) / segment_keys;
+  const std::size_t first_key = first_segment * segment_keys;  // keys [first_key, width) are computed
   kv_segment views[max_segments_per_chunk];
-  for (std::size_t s = 0; s < segments; ++s) views[s] = source.segment(chunk, s);
+  for (std::size_t s = first_segment; s < segments; ++s) views[s] = source.segment(chunk, s);
   float* const scores = scratch.scores.data();
   float* const max = partial;
   float* const sum = partial + rows;
@@ -176,15 +232,16 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   // Kᵀ); int8: times each key's K scale.
   const void* key_pages[max_segments_per_chunk];
   const void* value_pages[max_segments_per_chunk];
-  for (std::size_t s = 0; s < segments; ++s) {
+  for (std::size_t s = first_segment; s < segments; ++s) {
     key_pages[s] = views[s].keys.panels;
     value_pages[s] = views[s].values.panels;
   }
-  const packed_b_view& first_keys = views[0].keys;
-  gemm({rows, width, head_dim}, tile.scale, {scratch.q_rows.data(), head_dim, transpose::no},
-       paged_b_view{key_pages, first_keys.n, false, head_dim, width, first_keys.path, first_keys.element}, 0.0f, scores,
-       kv_chunk);
-  for (std::size_t s = 0; s < segments && views[s].key_scales != nullptr; ++s) {
+  const packed_b_view& first_keys = views[first_segment].keys;
+  gemm({rows, width - first_key, head_dim}, tile.scale, {scratch.q_rows.data(), head_dim, transpose::no},
+       paged_b_view{key_pages + first_segment, first_keys.n, false, head_dim, width - first_key, first_keys.path,
+                    first_keys.element},
+       0.0f, scores + first_key, kv_chunk);
+  for (std::size_t s = first_segment; s < segments && views[s].key_scales != nullptr; ++s) {
     const std::size_t first = s * segment_keys, keys = std::min(segment_keys, width - first);
     for (std::size_t row = 0; row < rows; ++row)
       for (std::size_t j = 0; j < keys; ++j) scores[row * kv_chunk + first + j] *= views[s].key_scales[j];
@@ -192,7 +249,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   if (tile.additive_mask != nullptr)
     for (std::size_t row = 0; row < rows; ++row) {
       const float* mask_row = tile.additive_mask + (tile.position0 + row / group) * tile.mask_ld + key0;
-      for (std::size_t j = 0; j < width; ++j) scores[row * kv_chunk + j] += mask_row[j];
+      for (std::size_t j = first_key; j < width; ++j) scores[row * kv_chunk + j] += mask_row[j];
     }
 
   // 2b. Each row's partial from an empty state over its visible keys; int8:
@@ -201,55 +258,75 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   for (std::size_t row = 0; row < rows; ++row) {
     softmax_partial state;
     float* const p = scores + row * kv_chunk;
-    online_softmax_block(p, visible(row / group), state, tile.path);
+    const key_span keys = visible(row / group);
+    online_softmax_block(p + keys.begin, keys.count(), state, tile.path);
     max[row] = state.max;
     sum[row] = state.sum;
-    if (views[0].value_scales != nullptr)
-      for (std::size_t first = 0, s = 0; first < visible(row / group); first += segment_keys, ++s)
-        for (std::size_t j = 0; j < std::min(segment_keys, visible(row / group) - first); ++j)
-          p[first + j] *= views[s].value_scales[j];
+    if (views[first_segment].value_scales != nullptr)
+      for (std::size_t s = keys.begin / segment_keys; s * segment_keys < keys.end; ++s)
+        for (std::size_t j = std::max(keys.begin, s * segment_keys); j < std::min(keys.end, (s + 1) * segment_keys);
+             ++j)
+          p[j] *= views[s].value_scales[j - s * segment_keys];
   }
 
-  // 2c. acc = p v. Off the causal diagonal every position sees the whole
-  // chunk: one GEMM, the segments' V as its row pages (each element's FMA
-  // chain runs on across them). On it, positions see different prefixes.
-  // When V's rows there are all finite, hidden probabilities are set to 0
-  // and the GEMMs still run over the widest prefix: fma(0, v, acc) == acc exactly for finite v (acc starts at +0 and
-  // is never -0), so each row's bits are those of a GEMM over its own
-  // prefix. Otherwise (NaN or Inf in V) runs of positions with equal
-  // prefixes get their own GEMMs, so a hidden non-finite value never meets a
-  // zero probability.
-  const std::size_t widest = visible(positions - 1);
-  const bool in_place = views[0].values_in_place.data != nullptr;  // user V: one segment
-  const packed_b_view& first_values = views[0].values;
-  const paged_b_view paged_values{value_pages,       first_values.k,      true, width, head_dim,
-                                  first_values.path, first_values.element};
-  auto multiply_pv = [&](std::size_t first_position, std::size_t end_position, std::size_t depth) {
-    const std::size_t row0 = first_position * group;
-    const gemm_shape shape{(end_position - first_position) * group, head_dim, depth};
-    const gemm_operand probabilities{scores + row0 * kv_chunk, kv_chunk, transpose::no};
+  // 2c. acc = p v. Off the causal diagonal and the window's edge every
+  // position sees the whole chunk: one GEMM, the segments' V as its row pages
+  // (each element's FMA chain runs on across them). Elsewhere positions see
+  // different ranges. When V's rows there are all finite, hidden
+  // probabilities are set to 0 and the GEMMs still run over the union of the
+  // ranges: fma(0, v, acc) == acc exactly for finite v (acc starts at +0 and
+  // is never -0), so each row's bits are those of a GEMM over its own range.
+  // Otherwise (NaN or Inf in V) runs of positions with equal ranges get their
+  // own GEMMs, so a hidden non-finite value never meets a zero probability;
+  // a range starting inside a page with non-finite rows before it reads a
+  // copy of that page whose rows before the range are zeros.
+  const bool in_place = views[first_segment].values_in_place.data != nullptr;  // user V: one segment
+  const packed_b_view& first_values = views[first_segment].values;
+  auto multiply_pv = [&](std::size_t first_position, std::size_t end_position, key_span keys) {
+    const std::size_t row0 = first_position * group, start = in_place ? keys.begin : keys.begin / segment_keys;
+    const std::size_t from = in_place ? keys.begin : start * segment_keys;  // p[from, keys.begin) is 0
+    for (std::size_t row = row0; row < end_position * group; ++row)
+      std::fill(scores + row * kv_chunk + from, scores + row * kv_chunk + keys.begin, 0.0f);
+    const gemm_shape shape{(end_position - first_position) * group, head_dim, keys.end - from};
+    const gemm_operand probabilities{scores + row0 * kv_chunk + from, kv_chunk, transpose::no};
     float* const target = acc + row0 * head_dim;
-    if (in_place)
-      gemm(shape, 1.0f, probabilities, views[0].values_in_place, 0.0f, target, head_dim, tile.path);
-    else
-      gemm(shape, 1.0f, probabilities, paged_values, 0.0f, target, head_dim);
+    if (in_place) {
+      const gemm_operand& values = views[first_segment].values_in_place;
+      gemm(shape, 1.0f, probabilities, {values.data + from * values.ld, values.ld, values.trans}, 0.0f, target,
+           head_dim, tile.path);
+      return;
+    }
+    std::optional<scratch_lease> copy;
+    const void* pages[max_segments_per_chunk];
+    std::copy(value_pages + start, value_pages + segments, pages);
+    if (from < keys.begin && !all_finite(views[start].values, keys.begin - from))
+      pages[0] = page_with_leading_zeros(views[start].values, keys.begin - from, copy);
+    gemm(shape, 1.0f, probabilities,
+         paged_b_view{pages, first_values.k, true, keys.end - from, head_dim, first_values.path, first_values.element},
+         0.0f, target, head_dim);
   };
   auto values_finite = [&] {
-    if (in_place) return all_finite(views[0].values_in_place, widest, head_dim);
-    for (std::size_t s = 0; s * segment_keys < widest; ++s)
-      if (!all_finite(views[s].values, std::min(segment_keys, widest - s * segment_keys))) return false;
+    if (in_place) return all_finite(views[first_segment].values_in_place, width, head_dim);
+    for (std::size_t s = first_segment; s * segment_keys < width; ++s)
+      if (!all_finite(views[s].values, std::min(segment_keys, width - s * segment_keys))) return false;
     return true;
   };
-  if (visible(0) == widest || values_finite()) {
-    for (std::size_t row = 0; row < rows; ++row)
-      std::fill(scores + row * kv_chunk + visible(row / group), scores + row * kv_chunk + widest, 0.0f);
-    if (widest > 0) multiply_pv(0, positions, widest);
+  if (uniform) {
+    if (width > 0) multiply_pv(0, positions, visible(0));
+  } else if (values_finite()) {
+    for (std::size_t row = 0; row < rows; ++row) {
+      const key_span keys = visible(row / group);
+      float* const p = scores + row * kv_chunk;
+      std::fill(p + first_key, p + (keys.count() > 0 ? keys.begin : width), 0.0f);
+      std::fill(p + (keys.count() > 0 ? keys.end : width), p + width, 0.0f);
+    }
+    multiply_pv(0, positions, {first_key, width});
   } else {
     for (std::size_t run_start = 0; run_start < positions;) {
-      const std::size_t depth = visible(run_start);
+      const key_span keys = visible(run_start);
       std::size_t run_end = run_start + 1;
-      while (run_end < positions && visible(run_end) == depth) ++run_end;
-      if (depth > 0) multiply_pv(run_start, run_end, depth);
+      while (run_end < positions && visible(run_end) == keys) ++run_end;
+      if (keys.count() > 0) multiply_pv(run_start, run_end, keys);
       run_start = run_end;
     }
   }
@@ -274,7 +351,7 @@ void clear_partial(const attention_tile& tile, float* partial, row_range range) 
 void merge_into(const attention_tile& tile, std::size_t chunk, float* running, const float* partial, row_range range) {
   const std::size_t rows = tile.positions * tile.group;
   for (std::size_t row = range.begin; row < range.end; ++row) {
-    if (visible_in_chunk(tile, chunk, row / tile.group) == 0) continue;
+    if (visible_in_chunk(tile, chunk, row / tile.group).count() == 0) continue;
     softmax_partial merged{running[row], running[rows + row]};
     merge_partials(merged, running + 2 * rows + row * tile.head_dim, softmax_partial{partial[row], partial[rows + row]},
                    partial + 2 * rows + row * tile.head_dim, tile.head_dim, tile.path);
@@ -312,9 +389,11 @@ void tile_work_units(const std::vector<attention_tile>& tiles, std::vector<work_
   units.clear();
   for (const attention_tile& tile : tiles) {
     double cost = 0.0;  // multiply-adds of q kᵀ and p v over the visible keys
-    for (std::size_t i = 0; i < tile.positions; ++i)
-      cost += 2.0 * double(tile.group * tile.head_dim) * double(tile.visible_end(tile.position0 + i));
-    units.push_back({tile_chunks(tile), cost});
+    for (std::size_t i = tile.position0; i < tile.position0 + tile.positions; ++i)
+      if (tile.visible_end(i) > tile.visible_begin(i))
+        cost += 2.0 * double(tile.group * tile.head_dim) * double(tile.visible_end(i) - tile.visible_begin(i));
+    const chunk_range chunks = tile_chunks(tile);
+    units.push_back({chunks.end - chunks.first, cost});
   }
 }
 
@@ -359,20 +438,22 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
     const attention_tile& tile = tiles[task.unit];
     const gemm_serial_scope serial;  // one task per tile or range already keeps the threads busy
     tile_scratch scratch(tile);
+    const std::size_t first = tile_chunks(tile).first;  // the unit's chunk u is the tile's first + u
     if (plan.split[task.unit]) {
       float* slot = stored.data() + work->offset[task.unit] + task.chunk_begin * partial_floats(tile);
+      const std::size_t begin = first + task.chunk_begin, end = first + task.chunk_end;
       if (fixed_order) {
-        process_chunks(tile, *sources[task.unit], task.chunk_begin, task.chunk_end, nullptr, slot, scratch);
+        process_chunks(tile, *sources[task.unit], begin, end, nullptr, slot, scratch);
       } else {
         clear_partial(tile, slot, all_rows(tile));
-        process_chunks(tile, *sources[task.unit], task.chunk_begin, task.chunk_end, slot, nullptr, scratch);
+        process_chunks(tile, *sources[task.unit], begin, end, slot, nullptr, scratch);
         work->range_start[work->first_slot[task.unit] + task.chunk_begin] = 1;
       }
       return;
     }
     float* const running = scratch.running.data();
     clear_partial(tile, running, all_rows(tile));
-    process_chunks(tile, *sources[task.unit], 0, work->units[task.unit].chunks, running, nullptr, scratch);
+    process_chunks(tile, *sources[task.unit], first, first + work->units[task.unit].chunks, running, nullptr, scratch);
     write_output(tile, running, all_rows(tile));
   });
   // Split tiles: merge the stored partials left to right, then normalize;
@@ -389,9 +470,10 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
     const tile_scratch scratch(tile);
     float* const running = scratch.running.data();  // these rows' running partial, from empty
     clear_partial(tile, running, range);
-    for (std::size_t chunk = 0; chunk < work->units[t].chunks; ++chunk)
-      if (fixed_order || work->range_start[work->first_slot[t] + chunk] != 0)
-        merge_into(tile, chunk, running, partials + chunk * partial_floats(tile), range);
+    const std::size_t first = tile_chunks(tile).first;
+    for (std::size_t unit_chunk = 0; unit_chunk < work->units[t].chunks; ++unit_chunk)
+      if (fixed_order || work->range_start[work->first_slot[t] + unit_chunk] != 0)
+        merge_into(tile, first + unit_chunk, running, partials + unit_chunk * partial_floats(tile), range);
     write_output(tile, running, range);
   });
 }
@@ -403,6 +485,7 @@ struct flash_workspace {
   std::vector<attention_tile> tiles;
   std::vector<std::size_t> source_index;  // per tile: its (batch, kv head)
   std::vector<std::size_t> keys_seen;     // per (batch, kv head): keys its last query sees
+  std::vector<std::size_t> chunk_from;    // per (batch, kv head): the first chunk a query sees
   std::vector<std::size_t> first_chunk;   // per (batch, kv head): its first chunk slot of packed keys
   // Per packing task: (batch * G + kv head, chunk).
   std::vector<std::pair<std::size_t, std::size_t>> packs;
@@ -428,24 +511,30 @@ void flash_attention(const attention_problem& problem) {
                          problem.out.seq_stride, kv_head, group, dims.head_dim, position0,
                          std::min(positions, dims.q_len - position0), problem.q_offset,
                          problem.valid_len != nullptr ? problem.valid_len[batch] : dims.kv_len, problem.causal,
-                         problem.additive_mask, dims.kv_len, problem.scale, problem.path});
+                         problem.additive_mask, dims.kv_len, problem.scale, problem.path, problem.window});
         work->source_index.push_back(batch * dims.num_kv_heads + kv_head);
       }
-  // 1. K and V of every (batch, kv head), as far as its last query sees: Kᵀ
+  // 1. K and V of every (batch, kv head), from the first chunk a query sees
+  // (a sliding window hides the ones before) as far as its last query sees: Kᵀ
   // packed, one task per chunk. V is read in place when each (batch, kv head)
   // has one query tile: each chunk of it then meets one P·V, which reads it
   // once either way. With several tiles, each chunk's V is packed here once
   // and shared, instead of the GEMM packing it again for every tile.
   const std::size_t sources = dims.batch * dims.num_kv_heads;
   work->keys_seen.assign(sources, 0);
-  for (std::size_t t = 0; t < tiles.size(); ++t)
-    work->keys_seen[work->source_index[t]] =
-        std::max(work->keys_seen[work->source_index[t]], tiles[t].visible_end(dims.q_len - 1));
+  work->chunk_from.assign(sources, SIZE_MAX);
+  for (std::size_t t = 0; t < tiles.size(); ++t) {
+    const std::size_t index = work->source_index[t];
+    work->keys_seen[index] = std::max(work->keys_seen[index], tiles[t].visible_end(dims.q_len - 1));
+    const chunk_range chunks = tile_chunks(tiles[t]);
+    if (chunks.end > chunks.first) work->chunk_from[index] = std::min(work->chunk_from[index], chunks.first);
+  }
   work->first_chunk.resize(sources);
   work->packs.clear();
   for (std::size_t index = 0; index < sources; ++index) {
     work->first_chunk[index] = work->packs.size();
-    for (std::size_t chunk = 0; chunk < ceil_div(work->keys_seen[index], kv_chunk); ++chunk)
+    if (work->chunk_from[index] == SIZE_MAX) work->chunk_from[index] = 0;
+    for (std::size_t chunk = work->chunk_from[index]; chunk < ceil_div(work->keys_seen[index], kv_chunk); ++chunk)
       work->packs.push_back({index, chunk});
   }
   const bool pack_values = dims.q_len > positions;
@@ -470,7 +559,8 @@ void flash_attention(const attention_problem& problem) {
   for (std::size_t index = 0; index < sources; ++index) {
     const std::size_t slot = work->first_chunk[index];
     const user_kv_layout packed{packed_keys.data() + slot * key_floats, key_floats,
-                                pack_values ? packed_values.data() + slot * value_floats : nullptr, value_floats};
+                                pack_values ? packed_values.data() + slot * value_floats : nullptr, value_floats,
+                                work->chunk_from[index]};
     work->sources.emplace_back(packed, work->keys_seen[index], head_rows(problem.v, index), problem.v.seq_stride,
                                dims.head_dim, problem.path);
   }
@@ -495,7 +585,11 @@ void attention_probabilities(const attention_problem& problem, float* probabilit
       float* row = rows + i * dims.kv_len;
       if (problem.additive_mask != nullptr)
         for (std::size_t j = 0; j < dims.kv_len; ++j) row[j] += problem.additive_mask[i * dims.kv_len + j];
-      const std::size_t end = problem.causal ? std::min(key_limit, problem.q_offset + i + 1) : key_limit;
+      const std::size_t position = problem.q_offset + i;
+      const std::size_t end = problem.causal ? std::min(key_limit, position + 1) : key_limit;
+      const std::size_t begin =
+          problem.window == 0 || position < problem.window ? 0 : std::min(position + 1 - problem.window, end);
+      std::fill(row, row + begin, -INFINITY);
       std::fill(row + end, row + dims.kv_len, -INFINITY);
       softmax_row(row, dims.kv_len, problem.path);
     }

@@ -15,14 +15,18 @@
 //   2. Each chunk yields, per query row, a partial (max, sum, accumulator):
 //        s = scale * q kᵀ (+ additive mask)        GEMM, one element per (row, key)
 //        (max, sum), p = online_softmax_block over the row's visible keys of
-//                        the chunk, from an empty state
-//        acc = p v over those visible keys           GEMM, depth = visible count
+//                        the chunk [begin, end), from an empty state
+//        acc = p v over those visible keys           GEMM, one FMA chain per
+//                        element from +0 in key order; keys before `begin`
+//                        that the GEMM spans get p = 0 and a finite v (the
+//                        row's own or zeros), which leave acc at +0 exactly
 //      The GEMM does the same arithmetic per element for one row as for many
 //      (engine/gemm/gemm.hpp), and the softmax kernels are per row.
 //   3. Partials are merged left to right, starting from the empty partial
 //      (merge_partials), and the row is normalized once at the end.
 // Chunks with no visible key for any row of the tile are skipped (merging an
-// empty partial changes nothing).
+// empty partial changes nothing), and never read: with a sliding window the
+// chunks (and, over a cache, the blocks) wholly before every row's window.
 #pragma once
 
 #include <cstddef>
@@ -91,8 +95,11 @@ struct attention_tile {
   std::size_t mask_ld;
   float scale;
   simd_path path;
+  std::size_t window = 0;  // sliding window W: 0 none, else keys j > position - W only
 
-  /// Keys [0, visible_end(i)) are visible to query row i (before the additive mask).
+  /// Keys [visible_begin(i), visible_end(i)) are visible to query row i
+  /// (before the additive mask); none when begin >= end.
+  std::size_t visible_begin(std::size_t row) const;
   std::size_t visible_end(std::size_t row) const;
 };
 
@@ -101,7 +108,15 @@ struct attention_tile {
 /// least 1. Only cuts the work: results do not depend on it.
 std::size_t tile_positions(std::size_t group, simd_path path);
 
-/// The scheduler's view of tiles: per tile, its key chunks and the
+/// The chunks [first, end) of a tile that hold a key some row sees (first
+/// == end: none).
+struct chunk_range {
+  std::size_t first, end;
+};
+chunk_range tile_chunks(const attention_tile& tile);
+
+/// The scheduler's view of tiles: per tile, its visible key chunks (a unit's
+/// chunk u is the tile's chunk tile_chunks(tile).first + u) and the
 /// multiply-adds of q kᵀ and p v over its visible keys.
 void tile_work_units(const std::vector<attention_tile>& tiles, std::vector<work_unit>& units);
 
@@ -124,6 +139,7 @@ struct attention_problem {
   const std::size_t* valid_len;  // null: kv_len
   const float* additive_mask;    // [q_len, kv_len] or null
   simd_path path;
+  std::size_t window = 0;  // sliding window, 0: none (attention_options::sliding_window)
 };
 
 /// Packs Kᵀ once per (batch, kv head, chunk) into the calling thread's

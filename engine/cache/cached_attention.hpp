@@ -33,17 +33,20 @@ inline void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vecto
 }
 
 /// out = causal attention of q (after RoPE) over each sequence's cached keys
-/// [0, length), rows of sequence e at absolute positions past.., in parallel
-/// over (sequence, kv head, query tile). Row r's head h is at q + r *
-/// q_row_stride + h * head_dim; out is dense [rows, H, head_dim].
+/// [0, length) (within the sliding window `window` of each row, 0: none: the
+/// blocks before it are never read), rows of sequence e at absolute
+/// positions past.., in parallel over (sequence, kv head, query tile). Row
+/// r's head h is at q + r * q_row_stride + h * head_dim; out is dense [rows,
+/// H, head_dim].
 void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
                       std::size_t num_heads, const float* q, std::size_t q_row_stride, float* out, float scale,
-                      simd_path path);
+                      std::size_t window, simd_path path);
 
 /// The same, for a dense q [rows, H, head_dim] (as the decode benchmarks hold it).
 inline void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
-                             std::size_t num_heads, const float* q, float* out, float scale, simd_path path) {
-  cached_attention(cache, layer, batch, num_heads, q, num_heads * cache.config().head_dim, out, scale, path);
+                             std::size_t num_heads, const float* q, float* out, float scale, std::size_t window,
+                             simd_path path) {
+  cached_attention(cache, layer, batch, num_heads, q, num_heads * cache.config().head_dim, out, scale, window, path);
 }
 
 }  // namespace kvhead::engine

@@ -168,7 +168,7 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
 
 void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
                       std::size_t num_heads, const float* q, std::size_t q_row_stride, float* out, float scale,
-                      simd_path path) {
+                      std::size_t window, simd_path path) {
   const std::size_t kv_heads = cache.config().num_kv_heads, head_dim = cache.config().head_dim;
   const std::size_t group = num_heads / kv_heads;
   const std::size_t tile_rows = tile_positions(group, path);
@@ -185,7 +185,7 @@ void cached_attention(const kv_cache& cache, std::size_t layer, const std::vecto
       for (std::size_t p = 0; p < e.length - e.past; p += tile_rows) {
         tiles.push_back({q + e.row0 * q_row_stride, head_dim, q_row_stride, out + e.row0 * out_row_stride, head_dim,
                          out_row_stride, kv_head, group, head_dim, p, std::min(tile_rows, e.length - e.past - p),
-                         e.past, e.length, true, nullptr, 0, scale, path});
+                         e.past, e.length, true, nullptr, 0, scale, path, window});
         work->tile_sources.push_back(&source);
       }
     }
@@ -247,6 +247,18 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
                         std::to_string(state.written) + " and append again");
       });
     }
+    // Dropped positions (kv_cache::drop_outside_window) must lie outside the
+    // window of every new query (the first is at the mark): never read.
+    const std::size_t window = config.sliding_window;
+    const std::size_t first_seen = window != 0 && state.written + 1 > window ? state.written + 1 - window : 0;
+    require(state.dropped <= first_seen, [&] {
+      return where + (sequence() + ": positions 0 to " + std::to_string(state.dropped - 1) +
+                      " were dropped (kv_cache::drop_outside_window), but layer " + std::to_string(layer) +
+                      "'s query at position " + std::to_string(state.written) +
+                      (window == 0 ? " sees every earlier position (no sliding window)"
+                                   : " sees positions from " + std::to_string(first_seen) + " (sliding window " +
+                                         std::to_string(window) + ")"));
+    });
     entries.push_back({state.table, state.length, state.written, rows});
     rows += item.tokens;
   }
@@ -269,7 +281,8 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
     // 3. The new K and V into their blocks (each exclusively owned after
     // append, so sequences never race); 4. attention over each whole past.
     write_cached_kv(cache, layer, entries, k, v, width, path);
-    cached_attention(cache, layer, entries, heads, qkv.data(), width, attended.data(), *config.scale, path);
+    cached_attention(cache, layer, entries, heads, qkv.data(), width, attended.data(), *config.scale,
+                     config.sliding_window, path);
     // 5. Output projection.
     impl_->o_proj.apply(attended.data(), rows, y);
   });

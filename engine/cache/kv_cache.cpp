@@ -139,8 +139,9 @@ const char* to_string(kv_dtype dtype) {
 struct kv_cache::impl {
   struct sequence {
     std::size_t length = 0;
-    std::vector<std::uint32_t> blocks;  // ceil(length / block_size) entries
+    std::vector<std::uint32_t> blocks;  // ceil(length / block_size) entries; the first `dropped` are dropped_block
     std::vector<std::size_t> written;   // per layer: positions [0, written) hold K/V; <= length
+    std::size_t dropped = 0;            // leading table entries dropped (drop_outside_window)
   };
 
   kv_cache_config config;
@@ -179,8 +180,9 @@ struct kv_cache::impl {
     return block;
   }
 
-  /// Drops one reference to `block`. Requires the lock.
+  /// Drops one reference to `block` (nothing for a dropped entry). Requires the lock.
   void release(std::uint32_t block) {
+    if (block == engine::dropped_block) return;
     assert(references[block] > 0);
     if (--references[block] != 0) return;
     if constexpr (poison_freed_blocks)  // all-ones bytes: NaN as f32, bf16 and f16, and as int8 blocks' fp32 scales
@@ -314,7 +316,8 @@ sequence_id kv_cache::fork(sequence_id parent_id) {
   const sequence_id id = cache.next_id;
   const auto [position, inserted] = cache.sequences.try_emplace(id, std::move(child));  // may throw
   assert(inserted);
-  for (const std::uint32_t block : position->second.blocks) ++cache.references[block];
+  for (const std::uint32_t block : position->second.blocks)
+    if (block != engine::dropped_block) ++cache.references[block];
   ++cache.next_id;
   return id;
 }
@@ -326,6 +329,11 @@ void kv_cache::truncate(sequence_id id, std::size_t length) {
   if (length > sequence.length)
     throw kv_cache_error("kv_cache::truncate: length " + std::to_string(length) + " exceeds sequence " +
                          std::to_string(id) + "'s length " + std::to_string(sequence.length));
+  const std::size_t dropped = sequence.dropped * cache.config.block_size;
+  if (length < dropped)
+    throw kv_cache_error("kv_cache::truncate: length " + std::to_string(length) + " of sequence " +
+                         std::to_string(id) + " is below its dropped positions (0 to " + std::to_string(dropped - 1) +
+                         ", kv_cache::drop_outside_window)");
   const std::size_t entries = ceil_div(length, cache.config.block_size);
   for (std::size_t i = entries; i < sequence.blocks.size(); ++i) cache.release(sequence.blocks[i]);
   sequence.blocks.resize(entries);  // shrinks: keeps the capacity
@@ -341,6 +349,30 @@ void kv_cache::free(sequence_id id) {
   for (const std::uint32_t block : node.mapped().blocks) cache.release(block);
   lock.unlock();
   // node (and its table) is destroyed here, outside the lock.
+}
+
+std::size_t kv_cache::drop_outside_window(sequence_id id, std::size_t window) {
+  impl& cache = *impl_;
+  const std::lock_guard lock(cache.mutex);
+  impl::sequence& sequence = cache.find(id, "drop_outside_window");
+  if (window == 0)
+    throw kv_cache_error("kv_cache::drop_outside_window: sequence " + std::to_string(id) +
+                         ": window 0 (a window holds at least 1 key)");
+  // The earliest future query is at the lowest mark; it sees keys from mark + 1 - window on.
+  const std::size_t mark = *std::min_element(sequence.written.begin(), sequence.written.end());
+  const std::size_t first_seen = mark + 1 > window ? mark + 1 - window : 0;
+  const std::size_t keep_from = std::min(first_seen / cache.config.block_size, sequence.blocks.size());
+  const std::size_t before = sequence.dropped;
+  for (; sequence.dropped < keep_from; ++sequence.dropped) {
+    cache.release(sequence.blocks[sequence.dropped]);
+    sequence.blocks[sequence.dropped] = engine::dropped_block;
+  }
+  return sequence.dropped > before ? sequence.dropped - before : 0;
+}
+
+std::size_t kv_cache::dropped(sequence_id id) const {
+  const std::lock_guard lock(impl_->mutex);
+  return impl_->find(id, "dropped").dropped * impl_->config.block_size;
 }
 
 std::size_t kv_cache::length(sequence_id id) const {
@@ -380,7 +412,8 @@ kv_cache_internals::layer_state kv_cache_internals::state(const kv_cache& cache,
   assert(layer < cache.config().num_layers);
   const std::lock_guard lock(cache.impl_->mutex);
   const kv_cache::impl::sequence& found = cache.impl_->find(sequence, "block_table");
-  return {found.blocks.data(), found.blocks.size(), found.length, found.written[layer]};
+  return {found.blocks.data(), found.blocks.size(), found.length, found.written[layer],
+          found.dropped * cache.config().block_size};
 }
 
 std::size_t kv_cache_internals::references(const kv_cache& cache, std::uint32_t block) {

@@ -56,6 +56,10 @@ static_assert(
 static_assert(kv_max_block_size <= gemm_kc, "a block's keys are one KC-deep block of P·V");
 static_assert((kv_min_block_size & (kv_min_block_size - 1)) == 0 && kv_min_block_size <= kv_max_block_size);
 
+/// A block table entry whose block was dropped (kv_cache::drop_outside_window):
+/// never a block index (a pool has at most 2^32 - 1 blocks, checked at creation).
+inline constexpr std::uint32_t dropped_block = UINT32_MAX;
+
 struct kv_cache_internals {
   /// The sequence's block table (block indices into the pool) and, in
   /// *count, its length. Throws kv_cache_error for an unknown or freed id.
@@ -67,6 +71,7 @@ struct kv_cache_internals {
     std::size_t blocks;          // table entries: ceil(length / block_size)
     std::size_t length;          // the sequence's length
     std::size_t written;         // the layer's mark: positions [0, written) hold K/V, written <= length
+    std::size_t dropped;         // positions [0, dropped) are dropped (kv_cache::drop_outside_window)
   };
   /// Throws kv_cache_error for an unknown or freed id, like block_table().
   static layer_state state(const kv_cache& cache, sequence_id sequence, std::size_t layer);

@@ -13,14 +13,16 @@
 //
 // Masks, one rule. Query row i has the absolute position q_offset + i. Batch
 // element b has valid_len[b] keys (right padding; default kv_len). Key j is
-// visible to query i iff j < valid_len[b] and, when causal, j <= q_offset + i.
+// visible to query i iff j < valid_len[b], when causal j <= q_offset + i, and
+// with a sliding window W (sliding_window > 0) (q_offset + i) - j < W, Hugging
+// Face's boundary: each query sees at most its W newest keys, itself included.
 // An optional additive float mask [q_len, kv_len] (row-major, shared by every
 // batch element and head) is added to the scaled scores; -inf there hides a
 // key too. A query row with no visible key yields zeros, never NaN.
 //
 // Special values. NaN or Inf in the inputs reach only the outputs that attend
-// to them (keys hidden by causality or valid_len are never multiplied into
-// the output); a key hidden only by the additive mask still contributes 0 * v,
+// to them (keys hidden by causality, valid_len or the window are never
+// multiplied into the output); a key hidden only by the additive mask still contributes 0 * v,
 // so a NaN or Inf value there propagates.
 //
 // Threads. Work runs on oneTBB in the caller's task arena (or the one
@@ -94,6 +96,11 @@ struct attention_options {
   const std::size_t* valid_len = nullptr;
   /// [q_len, kv_len] added to the scaled scores; null: none.
   const float* additive_mask = nullptr;
+  /// Sliding window W (Mistral, Qwen 2, Gemma 2, gpt-oss): key j visible to
+  /// query i only if (q_offset + i) - j < W (see "Masks"); 0: no window. The
+  /// key chunks wholly outside every query's window are skipped, never read,
+  /// so a decode step costs the window, not the past.
+  std::size_t sliding_window = 0;
   /// When set, also writes the attention probabilities [batch, num_heads,
   /// q_len, kv_len] (row-major) through a separate materialized pass: meant
   /// for small sizes and debugging (it stores q_len x kv_len per head). The
@@ -165,6 +172,10 @@ struct attention_config {
   /// floats before RoPE, x_e * w_e / sqrt(mean(x^2) + eps), with the weights
   /// attention_weights::q_norm and k_norm. Unset (the default): none.
   std::optional<float> qk_norm_eps{};
+  /// Sliding window W: key j visible to the query at position i only if
+  /// i - j < W (with causality, as in Hugging Face's sliding-window layers),
+  /// in both forwards; 0 (the default): every past key.
+  std::size_t sliding_window = 0;
 };
 
 /// One nn.Linear: weight [out_features, in_features] row-major, y = x Wᵀ + b.
@@ -228,7 +239,8 @@ class KVHEAD_API attention_layer {
   /// (once for all layers). Their rows of x are consecutive, in entry order:
   /// x and y are [sum of tokens, d_model]. The layer writes their K and V
   /// (after RoPE, at their absolute positions) into the cache, then each new
-  /// token attends causally over its sequence's whole past. One call can mix
+  /// token attends causally over its sequence's whole past (within the
+  /// sliding window, when configured: blocks before it are not read). One call can mix
   /// a prefill chunk of one sequence with single-token steps of others.
   /// Results are bit-identical to forward() with causal = true over each
   /// whole sequence, however the tokens were chunked or batched.
@@ -244,7 +256,8 @@ class KVHEAD_API attention_layer {
   /// of range, a sequence listed twice, tokens = 0 or more than the
   /// sequence's length, tokens other than length - mark (the message names
   /// the sequence, the layer, the mark and the length), unwritten positions
-  /// in a block shared with another sequence; an unknown sequence id throws
+  /// in a block shared with another sequence, a new query that would see a
+  /// position dropped by kv_cache::drop_outside_window; an unknown sequence id throws
   /// kv_cache_error. A call that fails later (std::bad_alloc) moves no mark
   /// and may be repeated.
   void forward(kv_cache& cache, std::size_t layer, const std::vector<sequence_tokens>& batch, const float* x,

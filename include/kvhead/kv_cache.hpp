@@ -85,6 +85,21 @@
 // (NDEBUG not defined) fills a block with NaN when it returns to the pool, so
 // a read of a freed block shows.
 //
+// Sliding windows. When every layer of the model slides (Mistral; not Gemma 2
+// or Qwen 2 with max_window_layers, which have full layers), the keys a
+// sequence's future queries can see are its newest `window` ones:
+// drop_outside_window(sequence, window) returns to the pool the leading
+// blocks whose every position is outside the window of every query still to
+// come (positions below m + 1 - window, m the lowest written-up-to mark over
+// the layers: the earliest query a forward will compute), and the sequence
+// keeps its length and positions. The dropped positions read as an error, not
+// as garbage: a forward whose queries would see one (a layer without a
+// window, or a wider one; new queries after truncate() back to within a
+// window of them) throws std::invalid_argument naming the sequence, the layer
+// and the dropped positions, before anything is written; truncate() below
+// dropped(sequence) throws kv_cache_error. A fork shares the blocks left;
+// truncate and free release only those.
+//
 // Errors. Every misuse (unknown or freed id, append of 0 tokens, a length that
 // would overflow std::size_t, truncate beyond the length, out of capacity)
 // throws kv_cache_error with a message naming the call, the sequence and the
@@ -198,13 +213,21 @@ class KVHEAD_API kv_cache {
   /// Shortens the sequence to `length` <= length(sequence) tokens and drops
   /// the blocks it no longer needs; every layer's mark above `length` drops
   /// to it. No data is copied (a later append does the copy-on-write if the
-  /// new last block is shared).
+  /// new last block is shared). `length` below dropped(sequence) is refused.
   void truncate(sequence_id sequence, std::size_t length);
   /// Drops the sequence and its block references. The id is not reused.
   void free(sequence_id sequence);
+  /// For a model whose every layer slides with windows of at most `window`
+  /// >= 1 keys ("Sliding windows" above): frees the sequence's leading blocks
+  /// that no future query sees; returns how many it dropped (0 when none
+  /// more can go). dropped(sequence) tells where the kept positions start.
+  std::size_t drop_outside_window(sequence_id sequence, std::size_t window);
+  /// Positions [0, dropped(sequence)) are dropped (a multiple of block_size).
+  std::size_t dropped(sequence_id sequence) const;
 
   std::size_t length(sequence_id sequence) const;
-  /// Entries in the sequence's block table: ceil(length / block_size).
+  /// Entries in the sequence's block table: ceil(length / block_size),
+  /// dropped ones included (they hold no block).
   std::size_t blocks_used(sequence_id sequence) const;
 
   std::size_t total_blocks() const;

@@ -27,6 +27,7 @@ struct sdpa_case {
   std::size_t q_offset;
   const std::size_t* valid_len;  // null: kv_len
   const float* additive_mask;    // [q_len, kv_len] or null
+  std::size_t window = 0;        // sliding window: key j visible only if (q_offset + i) - j < window; 0: none
 };
 
 struct sdpa_result {
@@ -53,7 +54,8 @@ inline sdpa_result sdpa(const sdpa_case& c, strided4 q, strided4 k, strided4 v) 
         const std::size_t index = (b * c.heads + h) * c.q_len + i;
         double best = -std::numeric_limits<double>::infinity();
         for (std::size_t j = 0; j < c.kv_len; ++j) {
-          visible[j] = j < valid && (!c.causal || j <= c.q_offset + i);
+          visible[j] =
+              j < valid && (!c.causal || j <= c.q_offset + i) && (c.window == 0 || c.q_offset + i < j + c.window);
           double dot = 0.0, magnitude = 0.0;
           for (std::size_t e = 0; e < d; ++e) {
             dot += q.at(b, h, i, e) * k.at(b, g, j, e);
