@@ -130,7 +130,10 @@ TEST_CASE("model config: each family's twists") {
   qwen2["max_window_layers"] = 1;
   CHECK(spec_of(qwen2, 0).qkv_bias);  // below max_window_layers: full attention
   CHECK(!spec_of(qwen2, 0).o_bias);
-  CHECK(error_of(qwen2, 1).find("sliding-window") != std::string::npos);
+  CHECK(spec_of(qwen2, 0).config.sliding_window == 0);
+  CHECK(spec_of(qwen2, 1).config.sliding_window == 128);  // from max_window_layers on
+  qwen2["use_sliding_window"] = false;
+  CHECK(spec_of(qwen2, 1).config.sliding_window == 0);
   json phi3 = llama();
   phi3["model_type"] = "phi3";
   phi3["partial_rotary_factor"] = 0.75;
@@ -146,14 +149,26 @@ TEST_CASE("model config: each family's twists") {
   gemma2["attn_logit_softcapping"] = nullptr;
   gemma2["query_pre_attn_scalar"] = 144;
   CHECK(*spec_of(gemma2, 1).config.scale == float(1.0 / 12.0));
-  CHECK(error_of(gemma2, 0).find("sliding-window") != std::string::npos);
+  CHECK(spec_of(gemma2, 0).config.sliding_window == 4096);  // even layers slide; absent: 4096
+  CHECK(spec_of(gemma2, 1).config.sliding_window == 0);
   gemma2.erase("attn_logit_softcapping");  // HF's default is 50: soft-capping
   CHECK(error_of(gemma2, 1).find("attn_logit_softcapping") != std::string::npos);
   json mistral = llama();
   mistral["model_type"] = "mistral";
-  CHECK(error_of(mistral).find("sliding-window") != std::string::npos);  // absent: 4096
+  CHECK(spec_of(mistral).config.sliding_window == 4096);  // absent: 4096
+  mistral["sliding_window"] = 5;
+  CHECK(spec_of(mistral, 1).config.sliding_window == 5);
+  mistral["sliding_window"] = 0;
+  CHECK(error_of(mistral).find("'sliding_window' must be a positive whole number") != std::string::npos);
   mistral["sliding_window"] = nullptr;
   CHECK(spec_of(mistral).config.num_heads == 4);
+  CHECK(spec_of(mistral).config.sliding_window == 0);
+  json typed = llama();
+  typed["layer_types"] = {"full_attention", "sliding_attention"};
+  CHECK(error_of(typed, 1).find("'sliding_window' is null") != std::string::npos);
+  typed["sliding_window"] = 7;
+  CHECK(spec_of(typed, 0).config.sliding_window == 0);
+  CHECK(spec_of(typed, 1).config.sliding_window == 7);
 }
 
 TEST_CASE("model config: fields of the wrong type or value name the field") {

@@ -23,8 +23,13 @@ _compute_llama3_parameters, _compute_yarn_parameters: inv_freq and the
 attention factor that multiplies cos and sin), apply_rotary_pos_emb with
 rotate_half (Phi-3: on the first rotary_dim dims, the rest passed through),
 Qwen3's RMSNorm of q and k over head_dim before RoPE, eager_attention_forward
-(scores * scaling, causal mask, softmax, P v), the biases each family's
-q/k/v/o_proj have, and Phi-3's fused qkv_proj (rows q, k, v).
+(scores * scaling, causal mask, softmax, P v), the sliding-window mask of a
+sliding layer (masking_utils' sliding_window_overlay: key j visible to query i
+only if i - j < sliding_window; which layers slide as each family's config
+decides: layer_types when given, Mistral every layer, Qwen 2 from
+max_window_layers on with use_sliding_window, Gemma 2 even layers), the
+biases each family's q/k/v/o_proj have, and Phi-3's fused qkv_proj (rows q,
+k, v).
 
 Cases:
 
@@ -38,6 +43,10 @@ Cases:
   llama_yarn        llama       F32    4  1  16  64      yarn f4 orig32 (max_pos 128)  attention_bias: q/k/v/o biases
   llama_linear      llama       F32    4  2  16  64      linear f2                     -
   gemma2_full       gemma2      F32    4  2  16  48      default                       layer 1 (full); query_pre_attn_scalar 24
+  mistral_window    mistral     F32    4  2  16  64      default                       sliding_window 5, seq 23
+  qwen2_window      qwen2       BF16   6  2  8   48      default theta 1e6             use_sliding_window, window 6, layer 1 of
+                                                                                     max_window_layers 1 slides
+  gemma2_sliding    gemma2      F32    4  2  16  48      default                       layer 0 slides (layer_types), window 4
 """
 
 import json
@@ -113,6 +122,20 @@ CASES = [
                           attn_logit_softcapping=None, final_logit_softcapping=None, sliding_window=4096,
                           attention_bias=False, torch_dtype="float32"),
               layer=1, input_shape=(2, 9, 48)),
+    ModelCase("mistral_window",
+              base_config("mistral", 64, 4, 2, 2, head_dim=16, rope_theta=1000000.0, sliding_window=5,
+                          torch_dtype="float32"),
+              layer=1, input_shape=(2, 23, 64)),
+    ModelCase("qwen2_window",
+              base_config("qwen2", 48, 6, 2, 2, rope_theta=1000000.0, use_sliding_window=True, sliding_window=6,
+                          max_window_layers=1, torch_dtype="bfloat16", rope_scaling=None),
+              layer=1, input_shape=(2, 19, 48), dtype="BF16"),
+    ModelCase("gemma2_sliding",
+              base_config("gemma2", 48, 4, 2, 2, head_dim=16, rope_theta=10000.0, query_pre_attn_scalar=24,
+                          attn_logit_softcapping=None, final_logit_softcapping=None, sliding_window=4,
+                          layer_types=["sliding_attention", "full_attention"], attention_bias=False,
+                          torch_dtype="float32"),
+              layer=0, input_shape=(2, 11, 48)),
 ]
 
 
@@ -202,6 +225,23 @@ def rms_norm(x, weight, eps):
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+def sliding_window_of(config, layer):
+    """The layer's sliding window (None: full attention), as each family's HF config decides it."""
+    family = config["model_type"]
+    if config.get("layer_types") is not None:
+        return config["sliding_window"] if config["layer_types"][layer] == "sliding_attention" else None
+    if family == "mistral":
+        return config.get("sliding_window", 4096)
+    if family in ("qwen2", "qwen3"):
+        slides = config.get("use_sliding_window", False) and layer >= config.get("max_window_layers", 28)
+        return config.get("sliding_window") if slides else None
+    if family == "gemma2":
+        return config.get("sliding_window", 4096) if layer % 2 == 0 else None
+    if family == "phi3":
+        return config.get("sliding_window")
+    return None
+
+
 def reference_attention(x, w, config, layer):
     """The attention block of layer `layer`, float64. x [batch, seq, hidden]; w: name -> float64 tensor."""
     family = config["model_type"]
@@ -228,8 +268,12 @@ def reference_attention(x, w, config, layer):
     v = v.repeat_interleave(H // G, dim=2)
     scaling = config["query_pre_attn_scalar"] ** -0.5 if family == "gemma2" else d ** -0.5
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scaling
-    causal = torch.tril(torch.ones(seq, seq, dtype=torch.bool))
-    scores = scores.masked_fill(~causal, float("-inf"))
+    query, key = torch.arange(seq)[:, None], torch.arange(seq)[None, :]
+    visible = key <= query  # causal
+    window = sliding_window_of(config, layer)
+    if window is not None:
+        visible = visible & (query - key < window)  # sliding_window_overlay: kv_idx > q_idx - sliding_window
+    scores = scores.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, seq, H * d)
     return linear(out, "o_proj")
@@ -347,6 +391,9 @@ def generate(case, index):
     assert rope_error < 1e-12, rope_error
     other = (case.layer + 1) % case.config["num_hidden_layers"]
     assert (reference_attention(x, tensors, case.config, other) - y).abs().max() > 1e-3
+    if sliding_window_of(case.config, case.layer) is not None:  # the window matters
+        full = dict(case.config, layer_types=None, sliding_window=None)
+        assert (reference_attention(x, tensors, full, case.layer) - y).abs().max() > 1e-3
     _, attention_factor, rotary_dim = rope_parameters(case.config)
     return (f"{case.name:18s} {case.config['model_type']:8s} {case.dtype:4s} layer {case.layer} "
             f"rotary_dim {rotary_dim} attention_factor {attention_factor:.4f} "

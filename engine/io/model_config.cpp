@@ -1,5 +1,5 @@
 // config.json to model_layer_spec: 1. model_type, 2. shapes, 3. layer kind
-// (sliding or full), 4. unsupported variants, 5. RoPE, 6. scale, biases,
+// (sliding, with its window, or full), 4. unsupported variants, 5. RoPE, 6. scale, biases,
 // QK-norm.
 #include "engine/io/model_config.hpp"
 
@@ -98,7 +98,7 @@ bool is_sliding_layer(const config_fields& f, const std::string& type, std::size
     if (kind == "sliding_attention") return true;
     if (kind == "full_attention") return false;
     f.fail("field 'layer_types' entry " + number(layer) + " is " + quote_name(kind) +
-           "; kvhead knows 'full_attention' (and 'sliding_attention', not implemented yet)");
+           "; kvhead knows 'full_attention' and 'sliding_attention'");
   }
   if (type == "gemma2") return layer % 2 == 0;  // HF Gemma 2: even layers slide
   if (type == "qwen2" || type == "qwen3") {
@@ -110,6 +110,14 @@ bool is_sliding_layer(const config_fields& f, const std::string& type, std::size
   if (type == "mistral") return !f.object().contains("sliding_window") || f.given("sliding_window");  // default 4096
   if (type == "phi3") return f.given("sliding_window");
   return false;  // llama: no sliding window
+}
+
+// The window of a sliding layer: sliding_window, else (absent) the family's
+// default in HF (Mistral, Gemma 2: 4096).
+std::size_t sliding_window(const config_fields& f, const std::string& type, std::size_t layer) {
+  if (const std::optional<std::size_t> window = f.count("sliding_window")) return *window;
+  if ((type == "mistral" || type == "gemma2") && !f.object().contains("sliding_window")) return 4096;
+  f.fail("layer " + number(layer) + " is a sliding-window layer (layer_types) but field 'sliding_window' is null");
 }
 
 // 5. RoPE: theta, scaling and rotary_dim into `config`.
@@ -255,11 +263,9 @@ model_layer_spec read_model_config(const std::string& config_path, std::size_t l
   }
   config.causal = true;
 
-  // 3. The layer's kind.
+  // 3. The layer's kind: a sliding layer gets its window.
   if (is_sliding_layer(f, *type, layer, spec.num_hidden_layers))
-    f.fail("layer " + number(layer) + " of model_type " + quote_name(*type) +
-           " uses sliding-window attention (fields sliding_window, use_sliding_window, max_window_layers, "
-           "layer_types), which is not implemented yet");
+    config.sliding_window = sliding_window(f, *type, layer);
 
   // 4. Other variants kvhead does not implement.
   if (f.given("attn_logit_softcapping") || (*type == "gemma2" && !object.contains("attn_logit_softcapping")))

@@ -3,12 +3,18 @@
 //
 //   model_type  biases                  projections        extra
 //   llama       q,k,v,o if attention_bias q,k,v,o_proj     rope_scaling (llama3, linear, yarn)
-//   mistral     none                    q,k,v,o_proj       sliding_window must be null
+//   mistral     none                    q,k,v,o_proj       every layer slides by sliding_window (absent:
+//                                                          4096, null: no window)
 //   qwen2       q,k,v (always)          q,k,v,o_proj       sliding per use_sliding_window, max_window_layers
 //   qwen3       q,k,v,o if attention_bias q,k,v,o_proj     QK-norm (q_norm, k_norm, eps rms_norm_eps)
-//   phi3        none                    qkv_proj, o_proj   partial_rotary_factor; sliding_window must be null
-//   gemma2      q,k,v,o if attention_bias q,k,v,o_proj     scale query_pre_attn_scalar^-0.5; only full
-//                                                          layers with attn_logit_softcapping null
+//   phi3        none                    qkv_proj, o_proj   partial_rotary_factor; sliding_window (null: none)
+//   gemma2      q,k,v,o if attention_bias q,k,v,o_proj     scale query_pre_attn_scalar^-0.5; even layers
+//                                                          slide (sliding_window, absent: 4096); only
+//                                                          with attn_logit_softcapping null
+//
+// A sliding layer (layer_types "sliding_attention" when given, else the
+// family's rule) gets config.sliding_window = sliding_window: key j visible
+// to query i only if i - j < sliding_window, as HF's sliding mask.
 //
 // Fields read: model_type, hidden_size, num_hidden_layers, num_attention_heads,
 // num_key_value_heads (absent: MHA), head_dim (absent: hidden_size / heads,
@@ -21,7 +27,7 @@
 //
 // What kvhead does not implement is an error naming the field, never an
 // approximation: another model_type (gpt_oss: attention sinks), rope types
-// "dynamic", "longrope" and the rest, a sliding-window layer, logit
+// "dynamic", "longrope" and the rest, a sliding layer without a window, logit
 // soft-capping, MLA (kv_lora_rank, q_lora_rank), cross-attention, an unknown
 // key inside rope_scaling. Every problem throws file_error
 // "<dir>/config.json: <problem>".
