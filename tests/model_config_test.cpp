@@ -134,6 +134,10 @@ TEST_CASE("model config: each family's twists") {
   CHECK(spec_of(qwen2, 1).config.sliding_window == 128);  // from max_window_layers on
   qwen2["use_sliding_window"] = false;
   CHECK(spec_of(qwen2, 1).config.sliding_window == 0);
+  qwen2["layer_types"] = {"full_attention", "sliding_attention"};
+  CHECK(error_of(qwen2, 1).find("'use_sliding_window' is not true") != std::string::npos);
+  qwen2["use_sliding_window"] = true;
+  CHECK(spec_of(qwen2, 1).config.sliding_window == 128);
   json phi3 = llama();
   phi3["model_type"] = "phi3";
   phi3["partial_rotary_factor"] = 0.75;

@@ -113,8 +113,12 @@ bool is_sliding_layer(const config_fields& f, const std::string& type, std::size
 }
 
 // The window of a sliding layer: sliding_window, else (absent) the family's
-// default in HF (Mistral, Gemma 2: 4096).
+// default in HF (Mistral, Gemma 2: 4096). Qwen 2/3 keep sliding_window only
+// with use_sliding_window (HF sets it to None otherwise).
 std::size_t sliding_window(const config_fields& f, const std::string& type, std::size_t layer) {
+  if ((type == "qwen2" || type == "qwen3") && !f.flag("use_sliding_window").value_or(false))
+    f.fail("layer " + number(layer) + " is a sliding-window layer (layer_types) but field 'use_sliding_window' is " +
+           "not true, so it has no window");
   if (const std::optional<std::size_t> window = f.count("sliding_window")) return *window;
   if ((type == "mistral" || type == "gemma2") && !f.object().contains("sliding_window")) return 4096;
   f.fail("layer " + number(layer) + " is a sliding-window layer (layer_types) but field 'sliding_window' is null");
