@@ -4,6 +4,10 @@
 //   S1_decode_gqa/threads:<t>       32/8 heads, past 4096, 5 sequences;
 //   S4_decode_mqa/threads:<t>       32/1 heads, past 8192, 16 sequences;
 //   S5_decode_ragged16/threads:<t>  16 sequences of pasts 256..4096, one call;
+//   S6_decode_swa/threads:<t>       S1 at past 16384 with a sliding window of
+//       4096 (the blocks before the window are never read), and
+//       S6_decode_swa_full4096/threads:<t>, S1 itself (past 4096, no window),
+//       its comparison within the same run (target: within 1.2x);
 //   S1_decode_gqa_<dtype>/threads:<t>, S4_decode_mqa_<dtype>/threads:<t>,
 //   S5_decode_ragged16_<dtype>/threads:<t>  the same over a cache of dtype
 //       bf16, f16 or int8 (the names without a dtype are f32);
@@ -63,6 +67,10 @@ void s5_decode_ragged16(benchmark::State& state, kvhead::kv_dtype dtype) {
                     int(state.range(0)));
 }
 
+void s6_decode_swa(benchmark::State& state, kvhead::kv_dtype dtype) {
+  run_cached_decode(state, with_dtype(kvhead::bench::s6_decode_swa(), dtype), bound_by::dram_read, int(state.range(0)));
+}
+
 // range(0): block size, range(1): threads.
 void decode_block_size(benchmark::State& state, kvhead::kv_dtype dtype) {
   decode_shape shape = with_dtype(kvhead::bench::s1_decode_gqa(), dtype);
@@ -96,6 +104,13 @@ const bool registered = [] {
           ->Arg(1)
           ->Arg(2)
           ->UseRealTime();
+  for (const auto& [name, function] : {std::pair<const char*, decode_function>{"S6_decode_swa", &s6_decode_swa},
+                                       {"S6_decode_swa_full4096", &s1_decode_gqa}})
+    benchmark::RegisterBenchmark(name, function, kvhead::kv_dtype::f32)
+        ->ArgNames({"threads"})
+        ->Arg(1)
+        ->Arg(2)
+        ->UseRealTime();
   return true;
 }();
 
