@@ -331,8 +331,8 @@ void kv_cache::truncate(sequence_id id, std::size_t length) {
                          std::to_string(id) + "'s length " + std::to_string(sequence.length));
   const std::size_t dropped = sequence.dropped * cache.config.block_size;
   if (length < dropped)
-    throw kv_cache_error("kv_cache::truncate: length " + std::to_string(length) + " of sequence " +
-                         std::to_string(id) + " is below its dropped positions (0 to " + std::to_string(dropped - 1) +
+    throw kv_cache_error("kv_cache::truncate: length " + std::to_string(length) + " of sequence " + std::to_string(id) +
+                         " is below its dropped positions (0 to " + std::to_string(dropped - 1) +
                          ", kv_cache::drop_outside_window)");
   const std::size_t entries = ceil_div(length, cache.config.block_size);
   for (std::size_t i = entries; i < sequence.blocks.size(); ++i) cache.release(sequence.blocks[i]);
