@@ -7,8 +7,12 @@
 //   qwen2       q,k,v (always)          q,k,v,o_proj       sliding per use_sliding_window, max_window_layers
 //   qwen3       q,k,v,o if attention_bias q,k,v,o_proj     QK-norm (q_norm, k_norm, eps rms_norm_eps)
 //   phi3        none                    qkv_proj, o_proj   partial_rotary_factor; sliding_window must be null
-//   gemma2      q,k,v,o if attention_bias q,k,v,o_proj     scale query_pre_attn_scalar^-0.5; only full
-//                                                          layers with attn_logit_softcapping null
+//   gemma2      q,k,v,o if attention_bias q,k,v,o_proj     scale query_pre_attn_scalar^-0.5 (default 256);
+//                                                          soft-capping attn_logit_softcapping (absent:
+//                                                          50, null: none); only full layers
+//   gpt_oss     q,k,v,o if attention_bias q,k,v,o_proj     sinks [H]; rope absent: yarn factor 32,
+//               (default true)                             beta 32/1, orig 4096, truncate false;
+//                                                          theta absent: 150000; only full layers
 //
 // Fields read: model_type, hidden_size, num_hidden_layers, num_attention_heads,
 // num_key_value_heads (absent: MHA), head_dim (absent: hidden_size / heads,
@@ -20,11 +24,10 @@
 // dtype. Attention is causal, positions start at 0.
 //
 // What kvhead does not implement is an error naming the field, never an
-// approximation: another model_type (gpt_oss: attention sinks), rope types
-// "dynamic", "longrope" and the rest, a sliding-window layer, logit
-// soft-capping, MLA (kv_lora_rank, q_lora_rank), cross-attention, an unknown
-// key inside rope_scaling. Every problem throws file_error
-// "<dir>/config.json: <problem>".
+// approximation: another model_type, rope types "dynamic", "longrope" and
+// the rest, a sliding-window layer, attn_logit_softcapping outside gemma2,
+// MLA (kv_lora_rank, q_lora_rank), cross-attention, an unknown key inside
+// rope_scaling. Every problem throws file_error "<dir>/config.json: <problem>".
 #pragma once
 
 #include <cstddef>
@@ -41,6 +44,7 @@ struct model_layer_spec {
   bool fused_qkv = false;   // one qkv_proj.weight [(H + 2G) d, hidden] (phi3), split at load
   bool qkv_bias = false;    // q_proj, k_proj, v_proj have biases
   bool o_bias = false;      // o_proj has a bias
+  bool sinks = false;       // self_attn.sinks [H] (gpt_oss)
 };
 
 /// num_hidden_layers of the config.json at `config_path` (nothing else is checked).

@@ -7,10 +7,12 @@
 // states (after the input norm), its output the block's output after o_proj
 // (before the residual add); attention is causal and every sequence starts at
 // position 0. Families: llama (RoPE scaling default, linear, llama3, yarn),
-// mistral, qwen2, qwen3 (QK-norm), phi3 (fused qkv_proj, partial rotary) and
-// gemma2's full-attention layers; weights F32, F16 or BF16, widened to f32 at
-// load. What kvhead does not implement (sliding-window layers, logit
-// soft-capping, attention sinks, rope types "dynamic" and "longrope", MLA,
+// mistral, qwen2, qwen3 (QK-norm), phi3 (fused qkv_proj, partial rotary),
+// gemma2's full-attention layers (query_pre_attn_scalar, logit soft-capping
+// attn_logit_softcapping: absent 50, null none) and gpt_oss's full-attention
+// layers (attention sinks self_attn.sinks, all four biases, yarn RoPE);
+// weights F32, F16 or BF16, widened to f32 at load. What kvhead does not
+// implement (sliding-window layers, rope types "dynamic" and "longrope", MLA,
 // another model_type) is an error naming the field, never an approximation.
 // README's "Model folders" section lists the fields read.
 //
