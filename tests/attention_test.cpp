@@ -1,6 +1,6 @@
 // Tiled attention against the double reference on every SIMD path, over GQA
 // ratios, head dims, lengths around the tile sizes, every mask kind, batch > 1
-// and both activation layouts.
+// and both activation layouts; with logit soft-capping and attention sinks.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -36,10 +36,13 @@ struct sdpa_setup {
   bool padded = false;  // valid_len < kv_len for some batch elements
   bool additive = false;
   std::size_t window = 0;  // sliding window, 0: none
+  float logit_softcap = 0.0f;  // > 0: soft-capping
+  bool sinks = false;          // one sink logit per query head
+  float q_gain = 1.0f;         // q ~ N(0, q_gain^2): scores far beyond the cap
 };
 
 struct sdpa_data {
-  std::vector<float> q, k, v, mask;
+  std::vector<float> q, k, v, mask, sinks;
   std::vector<std::size_t> valid_len;
   head_tensor<const float> q_view, k_view, v_view;
   std::size_t q_offset = 0;
@@ -60,6 +63,7 @@ sdpa_data make_data(const sdpa_setup& setup, std::mt19937& generator) {
   data.v.resize(data.k.size());
   for (auto* values : {&data.q, &data.k, &data.v})
     for (float& x : *values) x = normal(generator);
+  for (float& x : data.q) x *= setup.q_gain;
   data.q_view = make_view(data.q, setup.bshd_layout, d.num_heads, d.q_len, d.head_dim);
   data.k_view = make_view(data.k, setup.bshd_layout, d.num_kv_heads, d.kv_len, d.head_dim);
   data.v_view = make_view(data.v, setup.bshd_layout, d.num_kv_heads, d.kv_len, d.head_dim);
@@ -74,6 +78,11 @@ sdpa_data make_data(const sdpa_setup& setup, std::mt19937& generator) {
     data.mask.resize(d.q_len * d.kv_len);
     std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
     for (float& x : data.mask) x = generator() % 7 == 0 ? -INFINITY : uniform(generator);
+  }
+  if (setup.sinks) {  // mostly near the scores, some far above them
+    data.sinks.resize(d.num_heads);
+    std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
+    for (float& x : data.sinks) x = generator() % 5 == 0 ? 12.0f * uniform(generator) : uniform(generator);
   }
   return data;
 }
@@ -96,21 +105,29 @@ kvhead::engine::attention_problem make_problem(const sdpa_setup& setup, const sd
           data.valid_len.empty() ? nullptr : data.valid_len.data(),
           data.mask.empty() ? nullptr : data.mask.data(),
           path,
-          setup.window};
+          setup.window,
+          {setup.logit_softcap, data.sinks.empty() ? nullptr : data.sinks.data()}};
 }
 
 // Error bound of one output element (derivation in the comments):
 //   score error  ds <= (2d + 6) u (S + 2): the GEMM's sum over d (gemm_test),
 //                 the scale and the mask add; S = max_j scale sum|q k_j|, 2 = max|mask|;
-//   probability  relative error <= 2 ds + 4 u S (rounding of s - max)
+//                 soft-capping passes that error on with a slope <= 1 (tanh' <= 1)
+//                 and adds its own <= 13.45 u cap (tanh_test.cpp);
+//   probability  relative error <= 2 ds + 4 u S (rounding of s - max; a capped
+//                 score is no larger than the uncapped one)
 //                 + (4 n + 8 chunks + 16) u (exp, the sums, merges, normalization);
-//   output       |o - ref| <= max|v| * that (sum_j p_j = 1).
-double bound(const kvhead::reference::sdpa_result& ref, std::size_t row, std::size_t head_dim, std::size_t kv_len) {
+//                 a sink adds its exp and argument, 2 u (S + |sink|) + 12 u;
+//   output       |o - ref| <= max|v| * that (sum_j p_j <= 1).
+double bound(const kvhead::reference::sdpa_result& ref, std::size_t row, std::size_t head_dim, std::size_t kv_len,
+             float logit_softcap = 0.0f, float sink = 0.0f) {
   const double score = ref.score_magnitude[row];
   const double chunks = double(kv_len / kvhead::engine::kv_chunk + 1);
-  const double score_error = (2.0 * double(head_dim) + 6.0) * unit_roundoff * (score + 2.0);
-  const double relative =
-      2.0 * score_error + 4.0 * unit_roundoff * score + (4.0 * double(kv_len) + 8.0 * chunks + 16.0) * unit_roundoff;
+  const double score_error =
+      (2.0 * double(head_dim) + 6.0) * unit_roundoff * (score + 2.0) + 13.45 * unit_roundoff * double(logit_softcap);
+  const double relative = 2.0 * score_error + 4.0 * unit_roundoff * score +
+                          (4.0 * double(kv_len) + 8.0 * chunks + 16.0) * unit_roundoff +
+                          (2.0 * (score + std::fabs(double(sink))) + 12.0) * unit_roundoff;
   return ref.value_magnitude[row] * relative + 1e-30;
 }
 
@@ -124,10 +141,10 @@ void check_sdpa(const sdpa_setup& setup, simd_path path, std::mt19937& generator
   auto strided = [](head_tensor<const float> view) {
     return kvhead::reference::strided4{view.data, view.batch_stride, view.head_stride, view.seq_stride};
   };
-  const auto ref =
-      kvhead::reference::sdpa({d.batch, d.num_heads, d.num_kv_heads, d.q_len, d.kv_len, d.head_dim, problem.scale,
-                               setup.causal, data.q_offset, problem.valid_len, problem.additive_mask, setup.window},
-                              strided(data.q_view), strided(data.k_view), strided(data.v_view));
+  const auto ref = kvhead::reference::sdpa(
+      {d.batch, d.num_heads, d.num_kv_heads, d.q_len, d.kv_len, d.head_dim, problem.scale, setup.causal, data.q_offset,
+       problem.valid_len, problem.additive_mask, setup.window, setup.logit_softcap, problem.variants.sinks},
+      strided(data.q_view), strided(data.k_view), strided(data.v_view));
 
   std::size_t failures = 0;
   double worst = 0.0;
@@ -137,7 +154,8 @@ void check_sdpa(const sdpa_setup& setup, simd_path path, std::mt19937& generator
         const std::size_t row = (b * d.num_heads + h) * d.q_len + i;
         const float* got =
             problem.out.data + b * problem.out.batch_stride + h * problem.out.head_stride + i * problem.out.seq_stride;
-        const double tolerance = bound(ref, row, d.head_dim, d.kv_len);
+        const double tolerance =
+            bound(ref, row, d.head_dim, d.kv_len, setup.logit_softcap, data.sinks.empty() ? 0.0f : data.sinks[h]);
         for (std::size_t e = 0; e < d.head_dim; ++e) {
           const double error = std::fabs(double(got[e]) - ref.out[row * d.head_dim + e]);
           if (!(error <= tolerance)) ++failures;
@@ -148,6 +166,7 @@ void check_sdpa(const sdpa_setup& setup, simd_path path, std::mt19937& generator
                << " G=" << d.num_kv_heads << " q_len=" << d.q_len << " kv_len=" << d.kv_len << " d=" << d.head_dim
                << " bshd=" << setup.bshd_layout << " causal=" << setup.causal << " offset=" << data.q_offset
                << " padded=" << setup.padded << " additive=" << setup.additive << " window=" << setup.window
+               << " softcap=" << setup.logit_softcap << " sinks=" << setup.sinks << " q_gain=" << setup.q_gain
                << " worst/tol=" << worst);
   CHECK(failures == 0);
 }
@@ -211,6 +230,40 @@ TEST_CASE("attention with a sliding window matches the double reference: windows
       setup.explicit_offset = kind == 2 && (generator() % 2 == 0 || setup.dims.q_len > setup.dims.kv_len);
       setup.padded = generator() % 4 == 0;
       setup.additive = generator() % 5 == 0;
+      check_sdpa(setup, path, generator);
+    }
+  }
+}
+
+TEST_CASE(
+    "attention with soft-capping and sinks matches the double reference: scores far beyond the cap, padding, GQA, "
+    "decode and prefill, every SIMD path") {
+  const std::vector<std::size_t> lengths = {1, 2, 31, 97, 127, 255, 256, 257, 600};
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    std::mt19937 generator(2718);
+    auto pick = [&](const auto& list) { return list[generator() % list.size()]; };
+    for (int sample = 0; sample < 30; ++sample) {
+      sdpa_setup setup;
+      const std::size_t kv_heads = pick(std::vector<std::size_t>{1, 2});
+      const std::size_t ratio = pick(std::vector<std::size_t>{1, 2, 4, 0});  // 0: MQA
+      setup.dims.num_kv_heads = ratio == 0 ? 1 : kv_heads;
+      setup.dims.num_heads = ratio == 0 ? pick(std::vector<std::size_t>{3, 8}) : kv_heads * ratio;
+      setup.dims.batch = 1 + generator() % 3;
+      setup.dims.head_dim = pick(std::vector<std::size_t>{1, 8, 24, 64, 80});
+      setup.dims.kv_len = pick(lengths);
+      // Every third sample a decode step (one query at the end of the past).
+      setup.dims.q_len = sample % 3 == 0 ? 1 : generator() % 2 == 0 ? setup.dims.kv_len : pick(lengths);
+      while (setup.dims.batch * setup.dims.num_heads * setup.dims.q_len * setup.dims.kv_len * setup.dims.head_dim >
+             20'000'000)
+        setup.dims.q_len = std::max<std::size_t>(1, setup.dims.q_len / 2);
+      setup.bshd_layout = generator() & 1;
+      setup.causal = generator() % 4 != 0;
+      setup.explicit_offset = generator() % 4 == 0 || setup.dims.q_len > setup.dims.kv_len;
+      setup.padded = generator() % 2 == 0;  // valid_len 0 included: rows with no visible key
+      setup.additive = generator() % 5 == 0;
+      setup.logit_softcap = sample % 3 != 2 ? pick(std::vector<float>{5.0f, 20.0f, 50.0f}) : 0.0f;
+      setup.sinks = sample % 3 != 1;
+      setup.q_gain = setup.logit_softcap > 0.0f ? pick(std::vector<float>{1.0f, 30.0f}) : 1.0f;
       check_sdpa(setup, path, generator);
     }
   }
@@ -307,6 +360,94 @@ TEST_CASE("attention with a sliding window: NaN in keys and values outside a que
         CHECK(std::memcmp(one.data(), cached.data() + position * 2 * head_dim, one.size() * sizeof(float)) == 0);
       }
     }
+TEST_CASE("attention sinks: rows with every key masked give zeros, as Hugging Face's eager gpt-oss gives them") {
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    std::mt19937 generator(6);
+    sdpa_setup setup;
+    setup.dims = {2, 4, 2, 9, 12, 8};
+    setup.padded = true;
+    setup.sinks = true;
+    setup.logit_softcap = 10.0f;
+    sdpa_data data = make_data(setup, generator);
+    data.valid_len = {0, 3};
+    std::vector<float> out;
+    kvhead::engine::flash_attention(make_problem(setup, data, out, path));
+    const std::size_t per_batch = setup.dims.num_heads * setup.dims.q_len * setup.dims.head_dim;
+    INFO("path " << std::string(kvhead::to_string(path)));
+    for (std::size_t i = 0; i < per_batch; ++i) CHECK(out[i] == 0.0f);
+    for (std::size_t i = per_batch; i < out.size(); ++i) CHECK(std::isfinite(out[i]));
+    // Rows hidden by an additive mask of -inf alone: zeros too.
+    sdpa_setup masked = setup;
+    masked.padded = false;
+    masked.additive = true;
+    sdpa_data masked_data = make_data(masked, generator);
+    std::fill(masked_data.mask.begin(), masked_data.mask.end(), -INFINITY);
+    kvhead::engine::flash_attention(make_problem(masked, masked_data, out, path));
+    for (float x : out) CHECK(x == 0.0f);
+  }
+}
+
+TEST_CASE("attention: probabilities with soft-capping and sinks match the reference (rows sum below 1)") {
+  std::mt19937 generator(13);
+  sdpa_setup setup;
+  setup.dims = {2, 4, 2, 5, 7, 8};
+  setup.causal = true;
+  setup.additive = true;
+  setup.q_gain = 20.0f;
+  setup.sinks = true;
+  const sdpa_data data = make_data(setup, generator);
+  const attention_dims& d = setup.dims;
+  kvhead::attention_options options;
+  options.causal = true;
+  options.additive_mask = data.mask.data();
+  options.logit_softcap = 4.0f;
+  options.sinks = data.sinks.data();
+  std::vector<float> plain(d.batch * d.num_heads * d.q_len * d.head_dim), with(plain.size());
+  std::vector<float> probabilities(d.batch * d.num_heads * d.q_len * d.kv_len);
+  auto out_view = [&](std::vector<float>& out) {
+    return head_tensor<float>::bhsd(out.data(), d.num_heads, d.q_len, d.head_dim);
+  };
+  kvhead::scaled_dot_product_attention(d, data.q_view, data.k_view, data.v_view, out_view(plain), options);
+  options.probabilities = probabilities.data();
+  kvhead::scaled_dot_product_attention(d, data.q_view, data.k_view, data.v_view, out_view(with), options);
+  CHECK(std::memcmp(plain.data(), with.data(), plain.size() * sizeof(float)) == 0);
+  const auto ref = kvhead::reference::sdpa(
+      {d.batch, d.num_heads, d.num_kv_heads, d.q_len, d.kv_len, d.head_dim, 1.0 / std::sqrt(8.0), true,
+       d.kv_len - d.q_len, nullptr, data.mask.data(), 0, 4.0, data.sinks.data()},
+      {data.q.data(), d.num_heads * d.q_len * 8, d.q_len * 8, 8},
+      {data.k.data(), d.num_kv_heads * d.kv_len * 8, d.kv_len * 8, 8},
+      {data.v.data(), d.num_kv_heads * d.kv_len * 8, d.kv_len * 8, 8});
+  double lowest_row_sum = 1.0;
+  for (std::size_t row = 0; row < probabilities.size() / d.kv_len; ++row) {
+    double sum = 0.0;
+    for (std::size_t j = 0; j < d.kv_len; ++j) {
+      const std::size_t i = row * d.kv_len + j;
+      CHECK(std::fabs(probabilities[i] - ref.probability[i]) <= 1e-5);
+      sum += probabilities[i];
+    }
+    lowest_row_sum = std::min(lowest_row_sum, sum);
+  }
+  CHECK(lowest_row_sum < 0.99);  // the sinks took a visible share
+  for (std::size_t i = 0; i < plain.size(); ++i) CHECK(std::fabs(plain[i] - ref.out[i]) <= 1e-4);
+}
+
+TEST_CASE("attention rejects a bad logit_softcap or a non-finite sink, naming it") {
+  std::vector<float> q(64), out(64);
+  auto view = [](std::vector<float>& x) { return head_tensor<float>::bhsd(x.data(), 2, 2, 4); };
+  auto cview = [](const std::vector<float>& x) { return head_tensor<const float>::bhsd(x.data(), 2, 2, 4); };
+  for (float cap : {-1.0f, INFINITY, NAN}) {
+    kvhead::attention_options options;
+    options.logit_softcap = cap;
+    CHECK_THROWS_WITH_AS(
+        kvhead::scaled_dot_product_attention({1, 2, 2, 2, 2, 4}, cview(q), cview(q), cview(q), view(out), options),
+        doctest::Contains("logit_softcap"), std::invalid_argument);
+  }
+  const float sinks[] = {0.5f, NAN};
+  kvhead::attention_options options;
+  options.sinks = sinks;
+  CHECK_THROWS_WITH_AS(
+      kvhead::scaled_dot_product_attention({1, 2, 2, 2, 2, 4}, cview(q), cview(q), cview(q), view(out), options),
+      doctest::Contains("sinks[1]"), std::invalid_argument);
 }
 
 TEST_CASE("attention: a query with no visible key gives zeros, and zero-length keys give zeros") {
@@ -411,35 +552,42 @@ TEST_CASE("attention rejects bad arguments with a message naming them") {
       doctest::Contains("k rows overlap (seq_stride 2 < head_dim 4)"), std::invalid_argument);
 }
 
-TEST_CASE("attention determinism: one query alone is bit-identical to the same query inside a prefill") {
-  for (simd_path path : kvhead::supported_simd_paths()) {
-    std::mt19937 generator(21);
-    sdpa_setup setup;
-    setup.dims = {1, 8, 2, 600, 600, 24};
-    setup.causal = true;
-    const sdpa_data data = make_data(setup, generator);
-    std::vector<float> full;
-    kvhead::engine::flash_attention(make_problem(setup, data, full, path));
-    for (std::size_t position : {0, 1, 130, 255, 256, 257, 511, 599}) {
-      // The same query as a one-row decode step over the keys [0, position].
-      sdpa_setup step = setup;
-      step.dims.q_len = 1;
-      step.dims.kv_len = position + 1;
-      sdpa_data step_data = data;
-      step_data.q_view.data = data.q.data() + position * setup.dims.head_dim;
-      step_data.q_offset = position;
-      std::vector<float> out;
-      auto problem = make_problem(step, step_data, out, path);
-      problem.out = head_tensor<float>{out.data(), 0, setup.dims.head_dim, 0};
-      kvhead::engine::flash_attention(problem);
-      for (std::size_t h = 0; h < setup.dims.num_heads; ++h) {
-        INFO("path " << std::string(kvhead::to_string(path)) << " position " << position << " head " << h);
-        CHECK(std::memcmp(out.data() + h * setup.dims.head_dim,
-                          full.data() + (h * setup.dims.q_len + position) * setup.dims.head_dim,
-                          setup.dims.head_dim * sizeof(float)) == 0);
+TEST_CASE(
+    "attention determinism: one query alone is bit-identical to the same query inside a prefill, with and "
+    "without soft-capping and sinks") {
+  for (simd_path path : kvhead::supported_simd_paths())
+    for (const bool variants : {false, true}) {
+      std::mt19937 generator(21);
+      sdpa_setup setup;
+      setup.dims = {1, 8, 2, 600, 600, 24};
+      setup.causal = true;
+      setup.logit_softcap = variants ? 8.0f : 0.0f;
+      setup.sinks = variants;
+      setup.q_gain = variants ? 10.0f : 1.0f;
+      const sdpa_data data = make_data(setup, generator);
+      std::vector<float> full;
+      kvhead::engine::flash_attention(make_problem(setup, data, full, path));
+      for (std::size_t position : {0, 1, 130, 255, 256, 257, 511, 599}) {
+        // The same query as a one-row decode step over the keys [0, position].
+        sdpa_setup step = setup;
+        step.dims.q_len = 1;
+        step.dims.kv_len = position + 1;
+        sdpa_data step_data = data;
+        step_data.q_view.data = data.q.data() + position * setup.dims.head_dim;
+        step_data.q_offset = position;
+        std::vector<float> out;
+        auto problem = make_problem(step, step_data, out, path);
+        problem.out = head_tensor<float>{out.data(), 0, setup.dims.head_dim, 0};
+        kvhead::engine::flash_attention(problem);
+        for (std::size_t h = 0; h < setup.dims.num_heads; ++h) {
+          INFO("path " << std::string(kvhead::to_string(path)) << " position " << position << " head " << h
+                       << " variants " << variants);
+          CHECK(std::memcmp(out.data() + h * setup.dims.head_dim,
+                            full.data() + (h * setup.dims.q_len + position) * setup.dims.head_dim,
+                            setup.dims.head_dim * sizeof(float)) == 0);
+        }
       }
     }
-  }
 }
 
 TEST_CASE("attention: a query whose own values are NaN gives NaN, not zeros") {
@@ -459,24 +607,30 @@ TEST_CASE("attention: a query whose own values are NaN gives NaN, not zeros") {
   }
 }
 
-TEST_CASE("attention determinism: 1, 2, 3 and 8 threads give the same bits (prefill and split decode)") {
-  for (const attention_dims dims : {attention_dims{2, 8, 2, 300, 300, 32}, attention_dims{1, 8, 2, 1, 3000, 32}}) {
-    std::mt19937 generator(31);
-    sdpa_setup setup;
-    setup.dims = dims;
-    setup.causal = true;
-    const sdpa_data data = make_data(setup, generator);
-    std::vector<float> reference;
-    for (int threads : {1, 2, 3, 8}) {
-      std::vector<float> out;
-      const auto problem = make_problem(setup, data, out, kvhead::active_simd_path());
-      tbb::task_arena arena(threads);
-      arena.execute([&] { kvhead::engine::flash_attention(problem); });
-      if (reference.empty()) reference = out;
-      INFO("q_len " << dims.q_len << " threads " << threads);
-      CHECK(std::memcmp(out.data(), reference.data(), out.size() * sizeof(float)) == 0);
+TEST_CASE(
+    "attention determinism: 1, 2, 3 and 8 threads give the same bits (prefill and split decode), with and "
+    "without soft-capping and sinks") {
+  for (const attention_dims dims : {attention_dims{2, 8, 2, 300, 300, 32}, attention_dims{1, 8, 2, 1, 3000, 32}})
+    for (const bool variants : {false, true}) {
+      std::mt19937 generator(31);
+      sdpa_setup setup;
+      setup.dims = dims;
+      setup.causal = true;
+      setup.logit_softcap = variants ? 8.0f : 0.0f;
+      setup.sinks = variants;
+      setup.q_gain = variants ? 10.0f : 1.0f;
+      const sdpa_data data = make_data(setup, generator);
+      std::vector<float> reference;
+      for (int threads : {1, 2, 3, 8}) {
+        std::vector<float> out;
+        const auto problem = make_problem(setup, data, out, kvhead::active_simd_path());
+        tbb::task_arena arena(threads);
+        arena.execute([&] { kvhead::engine::flash_attention(problem); });
+        if (reference.empty()) reference = out;
+        INFO("q_len " << dims.q_len << " threads " << threads << " variants " << variants);
+        CHECK(std::memcmp(out.data(), reference.data(), out.size() * sizeof(float)) == 0);
+      }
     }
-  }
 }
 
 TEST_CASE("attention: the fastest reduction order stays within rounding of the fixed one, at any thread count") {
@@ -500,65 +654,75 @@ TEST_CASE("attention: the fastest reduction order stays within rounding of the f
   CHECK(kvhead::current_reduction_order() == kvhead::reduction_order::fixed);
 }
 
-TEST_CASE("attention: V read in place or packed, and K and V from a cache's blocks, give the same bits") {
+TEST_CASE(
+    "attention: V read in place or packed, and K and V from a cache's blocks, give the same bits, with and "
+    "without soft-capping and sinks") {
   // One sequence's q, k and v side by side, rows of (H + 2G) d floats (the
   // layer's fused projection). A 300-query prefill has several query tiles
   // per kv head (V packed once and shared); a single query has one (V read in
   // place); the cache holds K and V packed in its blocks.
   constexpr std::size_t heads = 4, kv_heads = 2, seq = 300;
+  const float sinks[heads] = {0.5f, -1.0f, 3.0f, 0.0f};
   for (simd_path path : kvhead::supported_simd_paths())
-    for (std::size_t head_dim : {7, 20, 33, 64}) {
-      std::mt19937 generator(static_cast<unsigned>(head_dim));
-      const std::size_t width = (heads + 2 * kv_heads) * head_dim;
-      std::vector<float> qkv(seq * width);
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      for (float& x : qkv) x = normal(generator);
-      auto view = [&](std::size_t first_head, std::size_t position) {
-        return head_tensor<const float>{qkv.data() + position * width + first_head * head_dim, 0, head_dim, width};
-      };
-      const float scale = float(1.0 / std::sqrt(double(head_dim)));
-      std::vector<float> full(seq * heads * head_dim);
-      kvhead::engine::flash_attention({{1, heads, kv_heads, seq, seq, head_dim},
-                                       view(0, 0),
-                                       view(heads, 0),
-                                       view(heads + kv_heads, 0),
-                                       head_tensor<float>::bshd(full.data(), heads, seq, head_dim),
-                                       scale,
-                                       true,
-                                       0,
-                                       nullptr,
-                                       nullptr,
-                                       path});
-      const std::size_t row_floats = heads * head_dim;
-      for (std::size_t position : {0, 59, 60, 255, 256, 299}) {
-        std::vector<float> alone(row_floats);
-        kvhead::engine::flash_attention({{1, heads, kv_heads, 1, position + 1, head_dim},
-                                         view(0, position),
+    for (std::size_t head_dim : {7, 20, 33, 64})
+      for (const kvhead::engine::score_variants variants :
+           {kvhead::engine::score_variants{}, kvhead::engine::score_variants{2.0f, sinks}}) {
+        std::mt19937 generator(static_cast<unsigned>(head_dim));
+        const std::size_t width = (heads + 2 * kv_heads) * head_dim;
+        std::vector<float> qkv(seq * width);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        for (float& x : qkv) x = normal(generator);
+        auto view = [&](std::size_t first_head, std::size_t position) {
+          return head_tensor<const float>{qkv.data() + position * width + first_head * head_dim, 0, head_dim, width};
+        };
+        const float scale = float(1.0 / std::sqrt(double(head_dim)));
+        std::vector<float> full(seq * heads * head_dim);
+        kvhead::engine::flash_attention({{1, heads, kv_heads, seq, seq, head_dim},
+                                         view(0, 0),
                                          view(heads, 0),
                                          view(heads + kv_heads, 0),
-                                         head_tensor<float>::bshd(alone.data(), heads, 1, head_dim),
+                                         head_tensor<float>::bshd(full.data(), heads, seq, head_dim),
                                          scale,
                                          true,
-                                         position,
+                                         0,
                                          nullptr,
                                          nullptr,
-                                         path});
-        INFO("path " << std::string(kvhead::to_string(path)) << " d " << head_dim << " position " << position);
-        CHECK(std::memcmp(alone.data(), full.data() + position * row_floats, row_floats * sizeof(float)) == 0);
+                                         path,
+                                         variants});
+        const std::size_t row_floats = heads * head_dim;
+        for (std::size_t position : {0, 59, 60, 255, 256, 299}) {
+          std::vector<float> alone(row_floats);
+          kvhead::engine::flash_attention({{1, heads, kv_heads, 1, position + 1, head_dim},
+                                           view(0, position),
+                                           view(heads, 0),
+                                           view(heads + kv_heads, 0),
+                                           head_tensor<float>::bshd(alone.data(), heads, 1, head_dim),
+                                           scale,
+                                           true,
+                                           position,
+                                           nullptr,
+                                           nullptr,
+                                           path,
+                                           variants});
+          INFO("path " << std::string(kvhead::to_string(path)) << " d " << head_dim << " position " << position
+                       << " softcap " << variants.logit_softcap);
+          CHECK(std::memcmp(alone.data(), full.data() + position * row_floats, row_floats * sizeof(float)) == 0);
+        }
+        for (std::size_t block_size : {32, 256}) {
+          kvhead::kv_cache cache({1, kv_heads, head_dim, block_size, 16u << 20});
+          const kvhead::sequence_id id = cache.create();
+          cache.append(id, seq);
+          std::size_t count = 0;
+          const std::vector<kvhead::engine::cached_rows> rows = {
+              {kvhead::engine::kv_cache_internals::block_table(cache, id, &count), seq, 0, 0}};
+          kvhead::engine::write_cached_kv(cache, 0, rows, qkv.data() + heads * head_dim,
+                                          qkv.data() + (heads + kv_heads) * head_dim, width, path);
+          std::vector<float> cached(full.size());
+          kvhead::engine::cached_attention(cache, 0, rows, heads, qkv.data(), width, cached.data(), scale, 0, path,
+                                           variants);
+          INFO("path " << std::string(kvhead::to_string(path)) << " d " << head_dim << " block " << block_size
+                       << " softcap " << variants.logit_softcap);
+          CHECK(std::memcmp(cached.data(), full.data(), full.size() * sizeof(float)) == 0);
+        }
       }
-      for (std::size_t block_size : {32, 256}) {
-        kvhead::kv_cache cache({1, kv_heads, head_dim, block_size, 16u << 20});
-        const kvhead::sequence_id id = cache.create();
-        cache.append(id, seq);
-        std::size_t count = 0;
-        const std::vector<kvhead::engine::cached_rows> rows = {
-            {kvhead::engine::kv_cache_internals::block_table(cache, id, &count), seq, 0, 0}};
-        kvhead::engine::write_cached_kv(cache, 0, rows, qkv.data() + heads * head_dim,
-                                        qkv.data() + (heads + kv_heads) * head_dim, width, path);
-        std::vector<float> cached(full.size());
-        kvhead::engine::cached_attention(cache, 0, rows, heads, qkv.data(), width, cached.data(), scale, 0, path);
-        INFO("path " << std::string(kvhead::to_string(path)) << " d " << head_dim << " block " << block_size);
-        CHECK(std::memcmp(cached.data(), full.data(), full.size() * sizeof(float)) == 0);
-      }
-    }
 }

@@ -8,10 +8,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvhead/kvhead.h"
@@ -83,6 +86,11 @@ TEST_CASE("C API model folder: bad calls give their status and name the problem,
   heads_wrong.num_heads = 8;
   prefix_set.prefix = "model.layers.0.self_attn.";
   theta_wrong.rope_theta = 500000.0f;
+  kvh_layer_options softcap_wrong = defaults(), sinks_set = defaults();
+  softcap_wrong.logit_softcap = 2.0f;
+  const float sinks[8] = {};
+  sinks_set.sinks = sinks;
+  const std::string gemma2 = std::string(KVHEAD_MODELS_DIR) + "/gemma2_softcap";
   const std::vector<row> rows = {
       {"no such folder", dir.file("absent"), 0, defaults(), KVH_ERR_IO, "not a folder"},
       {"a folder without config.json", dir.path().string(), 0, defaults(), KVH_ERR_IO, "no config.json"},
@@ -91,6 +99,8 @@ TEST_CASE("C API model folder: bad calls give their status and name the problem,
       {"num_heads contradicting config.json", llama3, 0, heads_wrong, KVH_ERR_INVALID_ARGUMENT, "num_heads"},
       {"rope_theta contradicting config.json", llama3, 0, theta_wrong, KVH_ERR_INVALID_ARGUMENT, "rope_theta"},
       {"a prefix", llama3, 0, prefix_set, KVH_ERR_INVALID_ARGUMENT, "prefix"},
+      {"logit_softcap contradicting config.json", gemma2, 1, softcap_wrong, KVH_ERR_INVALID_ARGUMENT, "logit_softcap"},
+      {"sinks with a model folder", gemma2, 1, sinks_set, KVH_ERR_INVALID_ARGUMENT, "sinks"},
   };
   for (const row& r : rows) {
     INFO(r.what);
@@ -148,4 +158,85 @@ TEST_CASE("C API kv_dtype: a bf16 or int8 cache decodes within its rounding of f
   CHECK(kvh_layer_open_model(llama3.c_str(), 0, &options, &layer) == KVH_ERR_INVALID_ARGUMENT);
   CHECK(layer == nullptr);
   CHECK(std::string(kvh_last_error()).find("kv_dtype") != std::string::npos);
+}
+
+TEST_CASE("C API variants: a folder's soft-capping and sinks as in C++, and logit_softcap and sinks in the options") {
+  for (const auto& [name, layer_index] : {std::pair{"gemma2_softcap", 1}, std::pair{"gpt_oss_sinks", 1}}) {
+    CAPTURE(name);
+    const std::string folder = std::string(KVHEAD_MODELS_DIR) + "/" + name;
+    kvh_layer_options options = defaults();
+    if (std::string(name) == "gemma2_softcap") options.logit_softcap = 1.5f;  // agrees with config.json
+    kvh_layer* layer = nullptr;
+    REQUIRE_MESSAGE(kvh_layer_open_model(folder.c_str(), layer_index, &options, &layer) == KVH_OK, kvh_last_error());
+    const kvhead::attention_layer cpp_layer = kvhead::load_model_layer(folder, std::size_t(layer_index));
+    const std::size_t d_model = std::size_t(kvh_layer_d_model(layer)), tokens = 7;
+    std::mt19937 random(8);
+    const std::vector<float> x = kvhead::testing::random_values(tokens * d_model, random, 3.0f);
+    std::vector<float> c_out(x.size()), cpp_out(x.size());
+    REQUIRE(kvh_layer_forward(layer, x.data(), 1, int64_t(tokens), 1, c_out.data()) == KVH_OK);
+    cpp_layer.forward(x.data(), 1, tokens, cpp_out.data());
+    CHECK(same_bits(c_out, cpp_out));
+    kvh_layer_close(layer);
+  }
+
+  // kvh_layer_open: sinks far below every score change no bit; real ones and
+  // a cap change the output; decoding equals the forward pass with both.
+  const std::string weights = std::string(KVHEAD_MODELS_DIR) + "/gpt_oss_sinks/model.safetensors";
+  kvh_layer_options options = defaults();
+  options.num_heads = 8;
+  options.num_kv_heads = 2;
+  options.rope_theta = 10000.0f;
+  options.prefix = "model.layers.1.self_attn.";
+  constexpr std::size_t tokens = 11, d_model = 64;
+  std::mt19937 random(9);
+  const std::vector<float> x = kvhead::testing::random_values(tokens * d_model, random, 3.0f);
+  auto forward = [&](const kvh_layer_options& o) {
+    kvh_layer* layer = nullptr;
+    REQUIRE_MESSAGE(kvh_layer_open(weights.c_str(), &o, &layer) == KVH_OK, kvh_last_error());
+    std::vector<float> y(x.size()), decoded(x.size());
+    REQUIRE(kvh_layer_forward(layer, x.data(), 1, int64_t(tokens), 1, y.data()) == KVH_OK);
+    kvh_cache* cache = nullptr;
+    REQUIRE(kvh_cache_create(layer, std::size_t{8} << 20, &cache) == KVH_OK);
+    int64_t id = 0;
+    REQUIRE(kvh_sequence_create(cache, &id) == KVH_OK);
+    const int64_t first = 4, rest = int64_t(tokens) - first;
+    REQUIRE(kvh_decode(layer, cache, &id, &first, 1, x.data(), decoded.data()) == KVH_OK);
+    REQUIRE(kvh_decode(layer, cache, &id, &rest, 1, x.data() + first * d_model, decoded.data() + first * d_model) ==
+            KVH_OK);
+    CHECK(same_bits(decoded, y));
+    kvh_cache_destroy(cache);
+    kvh_layer_close(layer);
+    return y;
+  };
+  const std::vector<float> plain = forward(options);
+  const std::vector<float> far_below(8, -1e30f);
+  options.sinks = far_below.data();
+  CHECK(same_bits(forward(options), plain));
+  const std::vector<float> sinks = {0.5f, -1.0f, 2.0f, 0.0f, 1.0f, 3.0f, -2.0f, 0.25f};
+  options.sinks = sinks.data();
+  const std::vector<float> with_sinks = forward(options);
+  CHECK(!same_bits(with_sinks, plain));
+  options.logit_softcap = 1.0f;
+  CHECK(!same_bits(forward(options), with_sinks));
+
+  // A caller built before logit_softcap and sinks: their bytes, garbage
+  // here, lie past its struct_size and are never read.
+  kvh_layer_options older = options;
+  older.struct_size = offsetof(kvh_layer_options, logit_softcap);
+  older.logit_softcap = -1.0f;
+  older.sinks = reinterpret_cast<const float*>(std::uintptr_t{1});
+  options.sinks = nullptr;
+  options.logit_softcap = 0.0f;
+  CHECK(same_bits(forward(older), plain));
+
+  kvh_layer* layer = nullptr;
+  options.logit_softcap = -1.0f;
+  CHECK(kvh_layer_open(weights.c_str(), &options, &layer) == KVH_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(kvh_last_error()).find("logit_softcap") != std::string::npos);
+  options.logit_softcap = 0.0f;
+  const std::vector<float> bad_sinks = {0.0f, 0.0f, NAN, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  options.sinks = bad_sinks.data();
+  CHECK(kvh_layer_open(weights.c_str(), &options, &layer) == KVH_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(kvh_last_error()).find("sinks[2]") != std::string::npos);
+  CHECK(layer == nullptr);
 }

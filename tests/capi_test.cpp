@@ -619,6 +619,9 @@ TEST_CASE("C API: options ABI, struct_size and kvh_layer_options_init") {
   CHECK(options.scale == 0.0f);
   CHECK(options.prefix == nullptr);
   CHECK(options.threads == 0);
+  CHECK(options.kv_dtype == KVH_KV_F32);
+  CHECK(options.logit_softcap == 0.0f);
+  CHECK(options.sinks == nullptr);
   std::memset(&options, 0xab, sizeof options);
   (kvh_layer_options_init)(&options);  // the exported function, as ctypes calls it
   CHECK(options.struct_size == sizeof(kvh_layer_options));

@@ -63,7 +63,7 @@ double relative_error(const std::string& got_path, const std::string& expected_p
 
 TEST_CASE("model_folders_match_their_goldens_on_every_simd_path_and_decode_matches_run") {
   const std::vector<std::string> cases = entries(KVHEAD_MODELS_DIR);
-  REQUIRE(cases.size() >= 8);
+  REQUIRE(cases.size() >= 10);
   for (const simd_path path : supported_simd_paths()) {
     const std::vector<std::string> env = {std::string("KVHEAD_ISA=") + to_string(path)};
     for (const std::string& name : cases) {
@@ -189,12 +189,10 @@ TEST_CASE("model_folder_errors") {
     const std::string zero = copy_case(dir, "mistral_window", [](nlohmann::json& c) { c["sliding_window"] = 0; });
     expect_model_failure(zero, "1", exit_failure, {"'sliding_window' must be a positive whole number"});
   }
-  SUBCASE("variants not implemented yet") {
+  SUBCASE("soft-capping outside gemma2") {
     const std::string softcap =
         copy_case(dir, "phi3_partial", [](nlohmann::json& c) { c["attn_logit_softcapping"] = 50.0; });
-    expect_model_failure(softcap, "1", exit_failure, {"attn_logit_softcapping", "not implemented yet"});
-    const std::string oss = copy_case(dir, "qwen3_qk_norm", [](nlohmann::json& c) { c["model_type"] = "gpt_oss"; });
-    expect_model_failure(oss, "1", exit_failure, {"gpt_oss", "sinks", "not implemented yet"});
+    expect_model_failure(softcap, "1", exit_failure, {"attn_logit_softcapping", "only gemma2"});
     const std::string unknown =
         copy_case(dir, "llama_linear", [](nlohmann::json& c) { c["model_type"] = "deepseek_v3"; });
     expect_model_failure(unknown, "0", exit_failure, {"model_type 'deepseek_v3'"});
@@ -211,7 +209,26 @@ TEST_CASE("model_folder_errors") {
           {std::string("model.layers.0.self_attn.") + proj + ".weight", {32, 64}, std::vector<float>(32 * 64, 0.0f)});
     tensors.push_back({"model.layers.0.self_attn.sinks", {4}, std::vector<float>(4, 0.0f)});
     write_safetensors((fs::path(folder) / "model.safetensors").string(), tensors);
-    expect_model_failure(folder, "0", exit_failure, {"sinks", "not implemented yet"});
+    expect_model_failure(folder, "0", exit_failure, {"unexpected tensor", "self_attn.sinks", "llama"});
+  }
+  SUBCASE("gpt_oss without its sinks, or with a sink that is not finite") {
+    const auto as_gpt_oss = [](nlohmann::json& c) {
+      c["model_type"] = "gpt_oss";
+      c["attention_bias"] = false;
+    };
+    const std::string folder = copy_case(dir, "llama_linear", as_gpt_oss);
+    expect_model_failure(folder, "1", exit_failure, {"missing tensor", "model.layers.1.self_attn.sinks"});
+    fs::remove(fs::path(folder) / "model.safetensors");
+    std::vector<tensor> tensors;
+    for (const char* proj : {"q_proj", "o_proj"})
+      tensors.push_back(
+          {std::string("model.layers.1.self_attn.") + proj + ".weight", {64, 64}, std::vector<float>(64 * 64, 0.0f)});
+    for (const char* proj : {"k_proj", "v_proj"})
+      tensors.push_back(
+          {std::string("model.layers.1.self_attn.") + proj + ".weight", {32, 64}, std::vector<float>(32 * 64, 0.0f)});
+    tensors.push_back({"model.layers.1.self_attn.sinks", {4}, {0.0f, 1.0f, INFINITY, 0.0f}});
+    write_safetensors((fs::path(folder) / "model.safetensors").string(), tensors);
+    expect_model_failure(folder, "1", exit_failure, {"self_attn.sinks", "entry 2", "not finite"});
   }
   SUBCASE("a bias the family does not have") {
     const std::string folder = copy_case(dir, "llama_yarn", [](nlohmann::json& c) { c["attention_bias"] = false; });

@@ -17,6 +17,7 @@
 #include "engine/io/file_error.hpp"
 #include "engine/io/model_config.hpp"
 #include "engine/io/model_folder.hpp"
+#include "kvhead/model.hpp"
 
 namespace {
 
@@ -155,8 +156,20 @@ TEST_CASE("model config: each family's twists") {
   CHECK(*spec_of(gemma2, 1).config.scale == float(1.0 / 12.0));
   CHECK(spec_of(gemma2, 0).config.sliding_window == 4096);  // even layers slide; absent: 4096
   CHECK(spec_of(gemma2, 1).config.sliding_window == 0);
-  gemma2.erase("attn_logit_softcapping");  // HF's default is 50: soft-capping
-  CHECK(error_of(gemma2, 1).find("attn_logit_softcapping") != std::string::npos);
+  CHECK(spec_of(gemma2, 1).config.logit_softcap == 0.0f);  // null: none
+  gemma2.erase("attn_logit_softcapping");  // HF's default is 50
+  CHECK(spec_of(gemma2, 1).config.logit_softcap == 50.0f);
+  gemma2["attn_logit_softcapping"] = 30.5;
+  CHECK(spec_of(gemma2, 1).config.logit_softcap == 30.5f);
+  for (const json& bad : {json(0.0), json(-1.0), json("50"), json(1e300)}) {
+    gemma2["attn_logit_softcapping"] = bad;
+    CHECK(error_of(gemma2, 1).find("'attn_logit_softcapping'") != std::string::npos);
+  }
+  json capped_llama = llama();
+  capped_llama["attn_logit_softcapping"] = 50.0;
+  CHECK(error_of(capped_llama).find("only gemma2") != std::string::npos);
+  capped_llama["attn_logit_softcapping"] = nullptr;
+  CHECK(spec_of(capped_llama).config.logit_softcap == 0.0f);
   json mistral = llama();
   mistral["model_type"] = "mistral";
   CHECK(spec_of(mistral).config.sliding_window == 4096);  // absent: 4096
@@ -173,6 +186,43 @@ TEST_CASE("model config: each family's twists") {
   typed["sliding_window"] = 7;
   CHECK(spec_of(typed, 0).config.sliding_window == 0);
   CHECK(spec_of(typed, 1).config.sliding_window == 7);
+}
+
+TEST_CASE("model config: gpt_oss defaults (HF GptOssConfig): yarn RoPE, theta 150000, all four biases, sinks") {
+  json oss = {{"model_type", "gpt_oss"},          {"hidden_size", 64}, {"num_attention_heads", 8},
+              {"num_key_value_heads", 2},         {"head_dim", 16},    {"num_hidden_layers", 4},
+              {"max_position_embeddings", 131072}};
+  const kvhead::io::model_layer_spec spec = spec_of(oss, 1);
+  CHECK(spec.sinks);
+  CHECK(spec.qkv_bias);  // attention_bias absent: true for gpt-oss
+  CHECK(spec.o_bias);
+  CHECK(spec.config.rope_theta == 150000.0);
+  const kvhead::rope_scaling& yarn = spec.config.rope_scaling;
+  CHECK(yarn.type == kvhead::rope_scaling::kind::yarn);
+  CHECK(yarn.factor == 32.0);
+  CHECK(yarn.beta_fast == 32.0);
+  CHECK(yarn.beta_slow == 1.0);
+  CHECK(!yarn.truncate);
+  CHECK(yarn.original_max_position_embeddings == 4096.0);
+  CHECK(*spec.config.scale == 0.25f);  // head_dim^-0.5
+  CHECK(spec.config.logit_softcap == 0.0f);
+  // Even layers slide (HF: layer_types from (i + 1) % 2), window absent: 128.
+  CHECK(spec_of(oss, 0).config.sliding_window == 128);
+  CHECK(spec_of(oss, 2).config.sliding_window == 128);
+  CHECK(spec_of(oss, 1).config.sliding_window == 0);
+  oss["layer_types"] = {"full_attention", "full_attention", "full_attention", "sliding_attention"};
+  CHECK(spec_of(oss, 0).sinks);
+  CHECK(spec_of(oss, 0).config.sliding_window == 0);
+  oss["sliding_window"] = 64;
+  CHECK(spec_of(oss, 3).config.sliding_window == 64);
+  oss["attention_bias"] = false;
+  CHECK(!spec_of(oss, 1).qkv_bias);
+  CHECK(!spec_of(oss, 1).o_bias);
+  oss["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", 2048}};
+  oss["rope_theta"] = 10000.0;
+  CHECK(spec_of(oss, 1).config.rope_scaling.factor == 8.0);
+  CHECK(spec_of(oss, 1).config.rope_scaling.truncate);  // given without truncate: HF's default, true
+  CHECK(spec_of(oss, 1).config.rope_theta == 10000.0);
 }
 
 TEST_CASE("model config: fields of the wrong type or value name the field") {
@@ -207,4 +257,9 @@ TEST_CASE("model folder: the C++ API loads a layer that builds") {
       kvhead::io::load_model_layer((fs::path(KVHEAD_MODELS_DIR) / "qwen3_qk_norm").string(), 0);
   CHECK(qwen3.layer.q_norm.size() == 16);
   CHECK(qwen3.layer.k_norm.size() == 16);
+  const kvhead::io::model_layer oss =
+      kvhead::io::load_model_layer((fs::path(KVHEAD_MODELS_DIR) / "gpt_oss_sinks").string(), 1);
+  CHECK(oss.layer.sinks.size() == 8);
+  CHECK(oss.layer.o_proj.bias.size() == 64);
+  CHECK(kvhead::model_layer_config((fs::path(KVHEAD_MODELS_DIR) / "gemma2_softcap").string(), 1).logit_softcap == 1.5f);
 }

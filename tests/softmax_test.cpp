@@ -149,6 +149,34 @@ TEST_CASE("softmax_row matches the double reference for lengths 0..49, 1000 and 
   }
 }
 
+TEST_CASE("softmax_row_with_sink matches the double reference; sink -inf gives softmax_row's bits, every path") {
+  // The sink adds one term to the sum: its exp (4u) and argument (|sink -
+  // max| u), weighted by its share of the sum (<= 1), and one more rounding
+  // of the sum: `extra` 6u, plus the argument term below.
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    std::mt19937 generator(424242);
+    for (std::size_t n : test_lengths())
+      for (double masked : {0.0, 0.3, 1.0})
+        for (float sink : {-3.0f, 0.0f, 2.5f, 40.0f}) {
+          INFO("path " << std::string(kvhead::to_string(path)) << " n=" << n << " masked=" << masked
+                       << " sink=" << sink);
+          const std::vector<float> input = random_row(n, 10.0f, masked, generator);
+          std::vector<float> row = input;
+          softmax_row_with_sink(row.data(), n, sink, path);
+          const auto reference = kvhead::reference::softmax(input.data(), n, sink);
+          double max = sink;
+          for (float x : input) max = std::max(max, double(x));
+          CHECK(count_mismatches(row.data(), input, reference, 6.0 + std::fabs(double(sink) - max)) == 0);
+          if (masked == 1.0)  // the sink takes all the mass
+            CHECK(std::all_of(row.begin(), row.end(), [](float x) { return std::bit_cast<std::uint32_t>(x) == 0u; }));
+          std::vector<float> plain = input, no_sink = input;
+          softmax_row(plain.data(), n, path);
+          softmax_row_with_sink(no_sink.data(), n, -infinity, path);
+          CHECK(same_bits(plain.data(), no_sink.data(), n));
+        }
+  }
+}
+
 TEST_CASE("softmax_row writes nothing outside its n floats, every path") {
   const float sentinel = std::bit_cast<float>(0x7fa5'a5a5u);
   for (simd_path path : kvhead::supported_simd_paths()) {
@@ -437,6 +465,47 @@ TEST_CASE("normalize_row: acc / sum within two roundings, in place, sum 0 gives 
         normalize_row(zero_acc.data(), 0.0f, out.data(), d, path);
         CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::bit_cast<std::uint32_t>(x) == 0u; }));
       }
+    }
+  }
+}
+
+TEST_CASE("normalize_row_with_sink: acc f / (sum f + g) within its bound; nothing visible gives zeros, every path") {
+  // f = exp(max - m), g = exp(sink - m): 4u each plus their arguments'
+  // rounding (|max - m| u, |sink - m| u); then the product, the add, the
+  // division and the multiply: 4u more.
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    std::mt19937 generator(12);
+    for (std::size_t d = 0; d <= 49; ++d) {
+      INFO("path " << std::string(kvhead::to_string(path)) << " d=" << d);
+      const std::vector<float> acc = random_row(d, 100.0f, 0.0, generator);
+      for (const softmax_partial state : {softmax_partial{0.5f, 3.0f}, softmax_partial{-20.0f, 1.0f},
+                                          softmax_partial{60.0f, 1234.5f}})
+        for (float sink : {-100.0f, -1.0f, 0.5f, 7.0f, 80.0f}) {
+          std::vector<float> out(d);
+          normalize_row_with_sink(acc.data(), state, sink, out.data(), d, path);
+          const double m = std::max(double(state.max), double(sink));
+          const double f = std::exp(double(state.max) - m), g = std::exp(double(sink) - m);
+          const double relative =
+              (12.0 + std::fabs(double(state.max) - m) + std::fabs(double(sink) - m)) * unit_roundoff;
+          std::size_t failures = 0;
+          for (std::size_t i = 0; i < d; ++i) {
+            const double expected = double(acc[i]) * f / (double(state.sum) * f + g);
+            if (!(std::fabs(double(out[i]) - expected) <=
+                  relative * std::fabs(expected) + double(std::numeric_limits<float>::min())))
+              ++failures;
+          }
+          CHECK(failures == 0);
+          std::vector<float> in_place = acc;
+          normalize_row_with_sink(in_place.data(), state, sink, in_place.data(), d, path);
+          CHECK(same_bits(in_place.data(), out.data(), d));
+        }
+      // No visible key (the empty partial, accumulator 0): zeros; a NaN sum: NaN.
+      const std::vector<float> zero_acc(d, 0.0f);
+      std::vector<float> out(d, nan_value);
+      normalize_row_with_sink(zero_acc.data(), softmax_partial{}, 1.5f, out.data(), d, path);
+      CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 0.0f; }));
+      normalize_row_with_sink(zero_acc.data(), softmax_partial{-infinity, nan_value}, 1.5f, out.data(), d, path);
+      CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::isnan(x); }));
     }
   }
 }

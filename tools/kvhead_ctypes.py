@@ -48,7 +48,8 @@ class _LayerOptions(ctypes.Structure):
     # kvh_layer_options, field for field; later versions add fields at the end.
     _fields_ = [("struct_size", ctypes.c_size_t), ("num_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
                 ("rope_theta", ctypes.c_float), ("scale", ctypes.c_float), ("prefix", ctypes.c_char_p),
-                ("threads", ctypes.c_int32), ("kv_dtype", ctypes.c_int32)]
+                ("threads", ctypes.c_int32), ("kv_dtype", ctypes.c_int32), ("logit_softcap", ctypes.c_float),
+                ("sinks", ctypes.POINTER(ctypes.c_float))]
 
 
 # kvh_kv_dtype: how a cache made from a layer stores K and V.

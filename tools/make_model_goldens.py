@@ -23,12 +23,15 @@ _compute_llama3_parameters, _compute_yarn_parameters: inv_freq and the
 attention factor that multiplies cos and sin), apply_rotary_pos_emb with
 rotate_half (Phi-3: on the first rotary_dim dims, the rest passed through),
 Qwen3's RMSNorm of q and k over head_dim before RoPE, eager_attention_forward
-(scores * scaling, causal mask, softmax, P v), the sliding-window mask of a
+(scores * scaling, Gemma 2's soft-capping: scores / cap, tanh, * cap, then
+the causal mask and the sliding-window mask of a
 sliding layer (masking_utils' sliding_window_overlay: key j visible to query i
 only if i - j < sliding_window; which layers slide as each family's config
 decides: layer_types when given, Mistral every layer, Qwen 2 from
-max_window_layers on with use_sliding_window, Gemma 2 even layers), the
-biases each family's q/k/v/o_proj have, and Phi-3's fused qkv_proj (rows q,
+max_window_layers on with use_sliding_window, Gemma 2 and gpt-oss even
+layers), softmax, P v; gpt-oss's sinks: the sink logit concatenated to each
+row, the row max subtracted, softmax, the sink column dropped), the biases
+each family's q/k/v/o_proj have, and Phi-3's fused qkv_proj (rows q,
 k, v).
 
 Cases:
@@ -47,6 +50,19 @@ Cases:
   qwen2_window      qwen2       BF16   6  2  8   48      default theta 1e6             use_sliding_window, window 6, layer 1 of
                                                                                      max_window_layers 1 slides
   gemma2_sliding    gemma2      F32    4  2  16  48      default                       layer 0 slides (layer_types), window 4
+  gemma2_softcap    gemma2      F32    4  2  16  48      default                       layer 1; softcapping 1.5,
+                                                                                       query_pre_attn_scalar 8,
+                                                                                       input x 3: |score| >> cap
+  gpt_oss_sinks     gpt_oss     BF16   8  2  16  64      yarn f32 orig4096 no trunc    layer 1 (full); q/k/v/o
+                                                                                       biases; sinks ~ N(0, 1.5^2)
+  gpt_oss_sliding   gpt_oss     BF16   8  2  16  64      yarn f32 orig4096 no trunc    layer 0 slides (even layer),
+                                                                                       window 5, seq 17; sinks, biases
+  gemma2_softcap_sliding gemma2 F32    4  2  16  48      default                       layer 0 slides, window 4;
+                                                                                       softcapping 1.5, input x 3
+
+The cases mistral_window, qwen2_window and gemma2_sliding take their seed from
+their index like the first eight; the later cases carry their own seed
+(ModelCase.seed), so a case added on another branch does not change theirs.
 """
 
 import json
@@ -76,6 +92,8 @@ class ModelCase:
     input_shape: tuple  # (batch, seq, hidden)
     dtype: str = "F32"
     shards: int = 1  # > 1: model.safetensors.index.json and that many shards
+    seed: int = None  # None: BASE_SEED + the case's index
+    input_scale: float = 1.0  # the input hidden states ~ N(0, input_scale^2)
 
 
 def base_config(model_type, hidden, heads, kv_heads, layers, **extra):
@@ -136,6 +154,32 @@ CASES = [
                           layer_types=["sliding_attention", "full_attention"], attention_bias=False,
                           torch_dtype="float32"),
               layer=0, input_shape=(2, 11, 48)),
+    ModelCase("gemma2_softcap",
+              base_config("gemma2", 48, 4, 2, 2, head_dim=16, rope_theta=10000.0, query_pre_attn_scalar=8,
+                          attn_logit_softcapping=1.5, final_logit_softcapping=30.0, sliding_window=4096,
+                          attention_bias=False, torch_dtype="float32"),
+              layer=1, input_shape=(2, 21, 48), seed=BASE_SEED + 1001, input_scale=3.0),
+    ModelCase("gpt_oss_sinks",
+              base_config("gpt_oss", 64, 8, 2, 2, head_dim=16, rope_theta=150000.0, attention_bias=True,
+                          sliding_window=128, layer_types=["sliding_attention", "full_attention"],
+                          max_position_embeddings=131072, rms_norm_eps=1e-5, torch_dtype="bfloat16",
+                          rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                        "truncate": False, "original_max_position_embeddings": 4096},
+                          num_local_experts=4, num_experts_per_tok=2),
+              layer=1, input_shape=(2, 19, 64), dtype="BF16", seed=BASE_SEED + 1002),
+    ModelCase("gpt_oss_sliding",
+              base_config("gpt_oss", 64, 8, 2, 2, head_dim=16, rope_theta=150000.0, attention_bias=True,
+                          sliding_window=5, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                          torch_dtype="bfloat16",
+                          rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                        "truncate": False, "original_max_position_embeddings": 4096},
+                          num_local_experts=4, num_experts_per_tok=2),
+              layer=0, input_shape=(2, 17, 64), dtype="BF16", seed=BASE_SEED + 1003),
+    ModelCase("gemma2_softcap_sliding",
+              base_config("gemma2", 48, 4, 2, 2, head_dim=16, rope_theta=10000.0, query_pre_attn_scalar=8,
+                          attn_logit_softcapping=1.5, final_logit_softcapping=30.0, sliding_window=4,
+                          attention_bias=False, torch_dtype="float32"),
+              layer=0, input_shape=(2, 13, 48), seed=BASE_SEED + 1004, input_scale=3.0),
 ]
 
 
@@ -237,13 +281,16 @@ def sliding_window_of(config, layer):
         return config.get("sliding_window") if slides else None
     if family == "gemma2":
         return config.get("sliding_window", 4096) if layer % 2 == 0 else None
+    if family == "gpt_oss":
+        return config.get("sliding_window", 128) if layer % 2 == 0 else None
     if family == "phi3":
         return config.get("sliding_window")
     return None
 
 
-def reference_attention(x, w, config, layer):
-    """The attention block of layer `layer`, float64. x [batch, seq, hidden]; w: name -> float64 tensor."""
+def reference_attention(x, w, config, layer, use_variants=True):
+    """The attention block of layer `layer`, float64. x [batch, seq, hidden]; w: name -> float64 tensor.
+    use_variants=False drops soft-capping and sinks (for the check that they matter)."""
     family = config["model_type"]
     p = f"model.layers.{layer}.self_attn."
     batch, seq, _ = x.shape
@@ -268,13 +315,23 @@ def reference_attention(x, w, config, layer):
     v = v.repeat_interleave(H // G, dim=2)
     scaling = config["query_pre_attn_scalar"] ** -0.5 if family == "gemma2" else d ** -0.5
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scaling
+    softcap = config.get("attn_logit_softcapping", 50.0) if family == "gemma2" else None  # Gemma2Config: 50
+    reference_attention.largest_score = scores.abs().max().item()  # before capping (for the summary)
+    if softcap is not None and use_variants:
+        scores = torch.tanh(scores / softcap) * softcap
     query, key = torch.arange(seq)[:, None], torch.arange(seq)[None, :]
     visible = key <= query  # causal
     window = sliding_window_of(config, layer)
     if window is not None:
         visible = visible & (query - key < window)  # sliding_window_overlay: kv_idx > q_idx - sliding_window
     scores = scores.masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    if family == "gpt_oss" and use_variants:
+        sinks = w[p + "sinks"].reshape(1, -1, 1, 1).expand(batch, H, seq, 1)
+        combined = torch.cat([scores, sinks], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = torch.softmax(combined, dim=-1)[..., :-1]  # the sink's column dropped
+    else:
+        probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, seq, H * d)
     return linear(out, "o_proj")
 
@@ -308,11 +365,13 @@ def attention_shapes(config):
         shapes.update({"q_proj.weight": (H * d, hidden), "k_proj.weight": (G * d, hidden),
                        "v_proj.weight": (G * d, hidden)})
     shapes["o_proj.weight"] = (hidden, H * d)
-    qkv_bias = family == "qwen2" or (family in ("llama", "qwen3", "gemma2") and config.get("attention_bias"))
-    if qkv_bias:
+    all_biases = family in ("llama", "qwen3", "gemma2", "gpt_oss") and config.get("attention_bias")
+    if family == "qwen2" or all_biases:
         shapes.update({"q_proj.bias": (H * d,), "k_proj.bias": (G * d,), "v_proj.bias": (G * d,)})
-    if family in ("llama", "qwen3", "gemma2") and config.get("attention_bias"):
+    if all_biases:
         shapes["o_proj.bias"] = (hidden,)
+    if family == "gpt_oss":
+        shapes["sinks"] = (H,)
     if family == "qwen3":
         shapes.update({"q_norm.weight": (d,), "k_norm.weight": (d,)})
     return shapes
@@ -330,6 +389,8 @@ def make_tensors(case, gen):
         for suffix, shape in attention_shapes(config).items():
             if suffix.endswith("norm.weight"):  # RMSNorm weights near 1
                 t = 1 + 0.2 * torch.randn(shape, generator=gen, dtype=torch.float64)
+            elif suffix == "sinks":  # logits of the size of the scores, so they take a visible share
+                t = 1.5 * torch.randn(shape, generator=gen, dtype=torch.float64)
             else:
                 t = torch.randn(shape, generator=gen, dtype=torch.float64) * std
             tensors[p + "self_attn." + suffix] = t
@@ -370,10 +431,12 @@ def read_folder(folder):
 
 
 def generate(case, index):
-    gen = torch.Generator().manual_seed(BASE_SEED + index)
+    gen = torch.Generator().manual_seed(case.seed if case.seed is not None else BASE_SEED + index)
     tensors = make_tensors(case, gen)
-    x = torch.randn(case.input_shape, generator=gen, dtype=torch.float64).to(torch.float32).to(torch.float64)
+    x = (case.input_scale * torch.randn(case.input_shape, generator=gen, dtype=torch.float64)).to(torch.float32)
+    x = x.to(torch.float64)
     y = reference_attention(x, tensors, case.config, case.layer)
+    largest_score = reference_attention.largest_score
     folder = MODELS_DIR / case.name
     folder.mkdir(parents=True)
     write_folder(case, tensors, folder)
@@ -394,10 +457,17 @@ def generate(case, index):
     if sliding_window_of(case.config, case.layer) is not None:  # the window matters
         full = dict(case.config, layer_types=None, sliding_window=None)
         assert (reference_attention(x, tensors, full, case.layer) - y).abs().max() > 1e-3
+    # Soft-capping and sinks, where the case has them, change the output far
+    # beyond the test's tolerance (1e-4 of max|y|).
+    plain = reference_attention(x, tensors, case.config, case.layer, use_variants=False)
+    variant_effect = ((plain - y).abs().max() / y.abs().max()).item()
+    if case.name in ("gemma2_softcap", "gpt_oss_sinks", "gpt_oss_sliding", "gemma2_softcap_sliding"):
+        assert variant_effect > 1e-2, variant_effect
     _, attention_factor, rotary_dim = rope_parameters(case.config)
     return (f"{case.name:18s} {case.config['model_type']:8s} {case.dtype:4s} layer {case.layer} "
             f"rotary_dim {rotary_dim} attention_factor {attention_factor:.4f} "
-            f"output rms {y.pow(2).mean().sqrt().item():.3f}")
+            f"output rms {y.pow(2).mean().sqrt().item():.3f} max|score| {largest_score:.1f} "
+            f"variants change it by {variant_effect:.3g}")
 
 
 def main():

@@ -28,6 +28,22 @@ float resolve_scale(const std::optional<float>& scale, std::size_t head_dim) {
   return *scale;
 }
 
+void validate_softcap(const char* where, float logit_softcap) {
+  engine::require(std::isfinite(logit_softcap) && logit_softcap >= 0.0f, [&] {
+    return std::string(where) + ": logit_softcap must be 0 (none) or finite and positive, got " +
+           std::to_string(logit_softcap);
+  });
+}
+
+void validate_sinks(const char* where, const float* sinks, std::size_t num_heads) {
+  if (sinks == nullptr) return;
+  for (std::size_t h = 0; h < num_heads; ++h)
+    engine::require(std::isfinite(sinks[h]), [&] {
+      return std::string(where) + ": sinks[" + std::to_string(h) + "] is not finite (" + std::to_string(sinks[h]) +
+             ")";
+    });
+}
+
 void validate_heads(const char* where, std::size_t num_heads, std::size_t num_kv_heads, std::size_t head_dim) {
   auto message = [&](const std::string& problem) { return std::string(where) + ": " + problem; };
   engine::require(num_heads > 0, [&] { return message("num_heads must be positive"); });
@@ -145,7 +161,9 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
         return "scaled_dot_product_attention: valid_len[" + std::to_string(b) + "] (" +
                std::to_string(options.valid_len[b]) + ") exceeds kv_len (" + std::to_string(dims.kv_len) + ")";
       });
+  validate_softcap("scaled_dot_product_attention", options.logit_softcap);
   if (empty_queries) return;
+  validate_sinks("scaled_dot_product_attention", options.sinks, dims.num_heads);
   validate_views(dims, q, k, v, out);
 
   const engine::attention_problem problem{dims,
@@ -159,7 +177,8 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
                                           options.valid_len,
                                           options.additive_mask,
                                           active_simd_path(),
-                                          options.sliding_window};
+                                          options.sliding_window,
+                                          {options.logit_softcap, options.sinks}};
   engine::run_in_arena([&] {
     engine::flash_attention(problem);
     if (options.probabilities != nullptr) engine::attention_probabilities(problem, options.probabilities);
@@ -195,6 +214,7 @@ attention_config validated(attention_config config) {
   engine::require(rope_problem.empty(), [&] { return "attention_layer: " + rope_problem; });
   engine::require(!config.qk_norm_eps || (std::isfinite(*config.qk_norm_eps) && *config.qk_norm_eps >= 0.0f),
                   [&] { return std::string("attention_layer: qk_norm_eps must be finite and >= 0"); });
+  validate_softcap("attention_layer", config.logit_softcap);
   const std::optional<std::size_t> qkv_width =
       engine::checked_product({config.num_heads + 2 * config.num_kv_heads, config.head_dim});
   engine::require(config.num_heads <= SIZE_MAX / 4 && qkv_width && engine::checked_product({*qkv_width, config.d_model}),
@@ -270,7 +290,10 @@ attention_layer::impl::impl(const attention_config& checked, const attention_wei
                                  {"v_proj", weights.v_proj, checked.num_kv_heads * checked.head_dim}}),
       o_proj(checked.num_heads * checked.head_dim, {{"o_proj", weights.o_proj, checked.d_model}}),
       rotary(checked.head_dim, checked.rotary_dim, checked.rope_theta, checked.rope_scaling),
-      norm(make_qk_norm(checked, weights)) {}
+      norm(make_qk_norm(checked, weights)) {
+  validate_sinks("attention_layer", weights.sinks, checked.num_heads);
+  if (weights.sinks != nullptr) sinks.assign(weights.sinks, weights.sinks + checked.num_heads);
+}
 
 std::size_t attention_layer::impl::qkv_width() const {
   return (config.num_heads + 2 * config.num_kv_heads) * config.head_dim;
@@ -338,7 +361,8 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
                                           nullptr,
                                           nullptr,
                                           active_simd_path(),
-                                          config.sliding_window};
+                                          config.sliding_window,
+                                          impl_->variants()};
   engine::run_in_arena([&] {
     // 1-2. Projections, and RoPE at positions 0..seq-1 of each sequence.
     impl_->project(x, rows, work->positions.data(), qkv.data());

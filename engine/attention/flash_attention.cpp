@@ -229,7 +229,8 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
 
   // 2a. scores = scale * q kᵀ (+ mask), the segments' Kᵀ as the column pages
   // of one GEMM (each column is computed alone: the same bits as one packed
-  // Kᵀ); int8: times each key's K scale.
+  // Kᵀ); int8: times each key's K scale; then soft-capped, when configured
+  // (elementwise, so chunking cannot change it), before the mask.
   const void* key_pages[max_segments_per_chunk];
   const void* value_pages[max_segments_per_chunk];
   for (std::size_t s = first_segment; s < segments; ++s) {
@@ -246,6 +247,9 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     for (std::size_t row = 0; row < rows; ++row)
       for (std::size_t j = 0; j < keys; ++j) scores[row * kv_chunk + first + j] *= views[s].key_scales[j];
   }
+  if (tile.variants.logit_softcap > 0.0f)  // in place over each row's visible keys
+    for (std::size_t row = 0; row < rows; ++row)
+      softcap_floats(scores + row * kv_chunk, visible(row / group), tile.variants.logit_softcap, tile.path);
   if (tile.additive_mask != nullptr)
     for (std::size_t row = 0; row < rows; ++row) {
       const float* mask_row = tile.additive_mask + (tile.position0 + row / group) * tile.mask_ld + key0;
@@ -360,14 +364,18 @@ void merge_into(const attention_tile& tile, std::size_t chunk, float* running, c
   }
 }
 
-// 4. out = acc / sum.
+// 4. out = acc / sum, the sink (when configured) joining the sum.
 void write_output(const attention_tile& tile, const float* running, row_range range) {
   const std::size_t rows = tile.positions * tile.group;
   for (std::size_t row = range.begin; row < range.end; ++row) {
-    const std::size_t i = row / tile.group, r = row % tile.group;
-    float* target =
-        tile.out + (tile.kv_head * tile.group + r) * tile.out_head_stride + (tile.position0 + i) * tile.out_seq_stride;
-    normalize_row(running + 2 * rows + row * tile.head_dim, running[rows + row], target, tile.head_dim, tile.path);
+    const std::size_t i = row / tile.group, r = row % tile.group, head = tile.kv_head * tile.group + r;
+    float* target = tile.out + head * tile.out_head_stride + (tile.position0 + i) * tile.out_seq_stride;
+    const float* acc = running + 2 * rows + row * tile.head_dim;
+    if (tile.variants.sinks != nullptr)
+      normalize_row_with_sink(acc, {running[row], running[rows + row]}, tile.variants.sinks[head], target,
+                              tile.head_dim, tile.path);
+    else
+      normalize_row(acc, running[rows + row], target, tile.head_dim, tile.path);
   }
 }
 
@@ -511,7 +519,8 @@ void flash_attention(const attention_problem& problem) {
                          problem.out.seq_stride, kv_head, group, dims.head_dim, position0,
                          std::min(positions, dims.q_len - position0), problem.q_offset,
                          problem.valid_len != nullptr ? problem.valid_len[batch] : dims.kv_len, problem.causal,
-                         problem.additive_mask, dims.kv_len, problem.scale, problem.path, problem.window});
+                         problem.additive_mask, dims.kv_len, problem.scale, problem.path, problem.window,
+                         problem.variants});
         work->source_index.push_back(batch * dims.num_kv_heads + kv_head);
       }
   // 1. K and V of every (batch, kv head), from the first chunk a query sees
@@ -581,8 +590,10 @@ void attention_probabilities(const attention_problem& problem, float* probabilit
     gemm({dims.q_len, dims.kv_len, dims.head_dim}, problem.scale, {q, problem.q.seq_stride, transpose::no},
          {k, problem.k.seq_stride, transpose::yes}, 0.0f, rows, dims.kv_len, problem.path);
     const std::size_t key_limit = problem.valid_len != nullptr ? problem.valid_len[batch] : dims.kv_len;
+    const score_variants& variants = problem.variants;
     for (std::size_t i = 0; i < dims.q_len; ++i) {
       float* row = rows + i * dims.kv_len;
+      if (variants.logit_softcap > 0.0f) softcap_floats(row, dims.kv_len, variants.logit_softcap, problem.path);
       if (problem.additive_mask != nullptr)
         for (std::size_t j = 0; j < dims.kv_len; ++j) row[j] += problem.additive_mask[i * dims.kv_len + j];
       const std::size_t position = problem.q_offset + i;
@@ -591,7 +602,10 @@ void attention_probabilities(const attention_problem& problem, float* probabilit
           problem.window == 0 || position < problem.window ? 0 : std::min(position + 1 - problem.window, end);
       std::fill(row, row + begin, -INFINITY);
       std::fill(row + end, row + dims.kv_len, -INFINITY);
-      softmax_row(row, dims.kv_len, problem.path);
+      if (variants.sinks != nullptr)
+        softmax_row_with_sink(row, dims.kv_len, variants.sinks[head], problem.path);
+      else
+        softmax_row(row, dims.kv_len, problem.path);
     }
   });
 }

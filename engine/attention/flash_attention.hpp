@@ -13,7 +13,9 @@
 //   1. The key axis is cut into chunks at fixed absolute positions
 //      [c * kv_chunk, (c + 1) * kv_chunk).
 //   2. Each chunk yields, per query row, a partial (max, sum, accumulator):
-//        s = scale * q kᵀ (+ additive mask)        GEMM, one element per (row, key)
+//        s = scale * q kᵀ                            GEMM, one element per (row, key)
+//        s = cap * tanh(s / cap)                     soft-capping, when configured
+//        s += additive mask                          when given
 //        (max, sum), p = online_softmax_block over the row's visible keys of
 //                        the chunk [begin, end), from an empty state
 //        acc = p v over those visible keys           GEMM, one FMA chain per
@@ -23,7 +25,10 @@
 //      The GEMM does the same arithmetic per element for one row as for many
 //      (engine/gemm/gemm.hpp), and the softmax kernels are per row.
 //   3. Partials are merged left to right, starting from the empty partial
-//      (merge_partials), and the row is normalized once at the end.
+//      (merge_partials), and the row is normalized once at the end, where an
+//      attention sink, when configured, joins the denominator
+//      (normalize_row_with_sink): after the fixed merge, so it cannot depend
+//      on how the keys were cut.
 // Chunks with no visible key for any row of the tile are skipped (merging an
 // empty partial changes nothing), and never read: with a sliding window the
 // chunks (and, over a cache, the blocks) wholly before every row's window.
@@ -79,6 +84,13 @@ class kv_chunk_source {
   virtual kv_segment segment(std::size_t chunk, std::size_t index) const = 0;
 };
 
+/// The layer's variants of the scores and the softmax (attention.hpp), both
+/// off by default: soft-capping (Gemma 2) and attention sinks (gpt-oss).
+struct score_variants {
+  float logit_softcap = 0.0f;    // > 0: s = cap * tanh(s / cap) after the scale, before the mask; 0: none
+  const float* sinks = nullptr;  // [H] finite logits, query head h's at sinks[h]; null: none
+};
+
 /// One unit of work: query rows [position0, position0 + positions) of the R
 /// query heads of kv head `kv_head`, for one sequence.
 struct attention_tile {
@@ -96,6 +108,7 @@ struct attention_tile {
   float scale;
   simd_path path;
   std::size_t window = 0;  // sliding window W: 0 none, else keys j > position - W only
+  score_variants variants{};
 
   /// Keys [visible_begin(i), visible_end(i)) are visible to query row i
   /// (before the additive mask); none when begin >= end.
@@ -140,6 +153,7 @@ struct attention_problem {
   const float* additive_mask;    // [q_len, kv_len] or null
   simd_path path;
   std::size_t window = 0;  // sliding window, 0: none (attention_options::sliding_window)
+  score_variants variants{};
 };
 
 /// Packs Kᵀ once per (batch, kv head, chunk) into the calling thread's

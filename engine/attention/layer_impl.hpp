@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "engine/attention/flash_attention.hpp"
 #include "engine/attention/qk_norm.hpp"
 #include "engine/attention/rope.hpp"
 #include "engine/gemm/gemm.hpp"
@@ -48,11 +49,15 @@ struct attention_layer::impl {
   engine::linear o_proj;
   engine::rope rotary;
   std::optional<engine::qk_norm> norm;  // QK-norm, when configured
+  std::vector<float> sinks;             // [H] attention sinks, or empty
 
   impl(const attention_config& checked, const attention_weights& weights);
 
   /// Floats per row of the projections: q, k and v side by side, (H + 2G) d.
   std::size_t qkv_width() const;
+
+  /// Soft-capping and sinks for the attention kernels.
+  engine::score_variants variants() const { return {config.logit_softcap, sinks.empty() ? nullptr : sinks.data()}; }
 
   /// qkv [rows, (H + 2G) d] from x [rows, d_model]: per row the H query
   /// heads, then the G key heads, then the G value heads, d floats each; then

@@ -168,7 +168,7 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
 
 void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
                       std::size_t num_heads, const float* q, std::size_t q_row_stride, float* out, float scale,
-                      std::size_t window, simd_path path) {
+                      std::size_t window, simd_path path, const score_variants& variants) {
   const std::size_t kv_heads = cache.config().num_kv_heads, head_dim = cache.config().head_dim;
   const std::size_t group = num_heads / kv_heads;
   const std::size_t tile_rows = tile_positions(group, path);
@@ -185,7 +185,7 @@ void cached_attention(const kv_cache& cache, std::size_t layer, const std::vecto
       for (std::size_t p = 0; p < e.length - e.past; p += tile_rows) {
         tiles.push_back({q + e.row0 * q_row_stride, head_dim, q_row_stride, out + e.row0 * out_row_stride, head_dim,
                          out_row_stride, kv_head, group, head_dim, p, std::min(tile_rows, e.length - e.past - p),
-                         e.past, e.length, true, nullptr, 0, scale, path, window});
+                         e.past, e.length, true, nullptr, 0, scale, path, window, variants});
         work->tile_sources.push_back(&source);
       }
     }
@@ -282,7 +282,7 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
     // append, so sequences never race); 4. attention over each whole past.
     write_cached_kv(cache, layer, entries, k, v, width, path);
     cached_attention(cache, layer, entries, heads, qkv.data(), width, attended.data(), *config.scale,
-                     config.sliding_window, path);
+                     config.sliding_window, path, impl_->variants());
     // 5. Output projection.
     impl_->o_proj.apply(attended.data(), rows, y);
   });

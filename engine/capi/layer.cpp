@@ -36,6 +36,8 @@ constexpr kvh_layer_options default_options() {
   options.prefix = nullptr;
   options.threads = 0;
   options.kv_dtype = KVH_KV_F32;
+  options.logit_softcap = 0.0f;
+  options.sinks = nullptr;
   return options;
 }
 
@@ -121,8 +123,13 @@ void check_model_options(const kvh_layer_options& options, const attention_confi
         std::to_string(config.rope_theta));
   agree(options.scale != 0.0f, config.scale && options.scale == *config.scale, "scale",
         config.scale ? std::to_string(*config.scale) : std::string("the default"));
+  agree(options.logit_softcap != 0.0f, options.logit_softcap == config.logit_softcap, "logit_softcap",
+        std::to_string(config.logit_softcap));
   check(options.prefix == nullptr, KVH_ERR_INVALID_ARGUMENT,
         [] { return std::string("options->prefix must be NULL with a model folder (layers are model.layers.N)"); });
+  check(options.sinks == nullptr, KVH_ERR_INVALID_ARGUMENT, [] {
+    return std::string("options->sinks must be NULL with a model folder (sinks come from its self_attn.sinks)");
+  });
   check(options.threads >= 0 && options.threads <= max_threads, KVH_ERR_INVALID_ARGUMENT, [&] {
     return "options->threads = " + std::to_string(options.threads) + " (must be 0 to " + std::to_string(max_threads) +
            "; 0 = all cores)";
@@ -171,7 +178,10 @@ kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options*
     std::unique_ptr<kvh_layer> layer;
     {
       const kvhead::io::safetensors_file file(safetensors_path);
-      layer = wrap(kvhead::io::load_attention_layer(file, load).build(), checked);
+      kvhead::io::loaded_layer loaded = kvhead::io::load_attention_layer(file, load);
+      loaded.config.logit_softcap = checked.logit_softcap;  // checked by the layer
+      if (checked.sinks != nullptr) loaded.sinks.assign(checked.sinks, checked.sinks + loaded.config.num_heads);
+      layer = wrap(loaded.build(), checked);
     }
     *out = layer.release();
   });

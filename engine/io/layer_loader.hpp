@@ -61,11 +61,12 @@ struct loaded_layer {
   attention_config config;  // num_kv_heads always set (never 0)
   owned_linear q_proj, k_proj, v_proj, o_proj;
   std::vector<float> q_norm, k_norm;  // [head_dim] each with QK-norm, else empty
+  std::vector<float> sinks;           // [num_heads] attention sinks, else empty
 
   /// Pointers into this object: valid while it lives and is not modified.
   attention_weights weights() const {
     auto data = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
-    return {q_proj.view(), k_proj.view(), v_proj.view(), o_proj.view(), data(q_norm), data(k_norm)};
+    return {q_proj.view(), k_proj.view(), v_proj.view(), o_proj.view(), data(q_norm), data(k_norm), data(sinks)};
   }
   /// The layer (it copies the weights: this object may be freed afterwards).
   attention_layer build() const { return attention_layer(config, weights()); }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <set>
 #include <vector>
@@ -77,7 +78,7 @@ class config_fields {
 };
 
 const std::set<std::string>& supported_types() {
-  static const std::set<std::string> types = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"};
+  static const std::set<std::string> types = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gpt_oss"};
   return types;
 }
 
@@ -100,7 +101,7 @@ bool is_sliding_layer(const config_fields& f, const std::string& type, std::size
     f.fail("field 'layer_types' entry " + number(layer) + " is " + quote_name(kind) +
            "; kvhead knows 'full_attention' and 'sliding_attention'");
   }
-  if (type == "gemma2") return layer % 2 == 0;  // HF Gemma 2: even layers slide
+  if (type == "gemma2" || type == "gpt_oss") return layer % 2 == 0;  // HF Gemma 2, gpt-oss: even layers slide
   if (type == "qwen2" || type == "qwen3") {
     // HF Qwen 2/3: sliding only with use_sliding_window, from max_window_layers on.
     const bool use = f.flag("use_sliding_window").value_or(false);
@@ -113,14 +114,17 @@ bool is_sliding_layer(const config_fields& f, const std::string& type, std::size
 }
 
 // The window of a sliding layer: sliding_window, else (absent) the family's
-// default in HF (Mistral, Gemma 2: 4096). Qwen 2/3 keep sliding_window only
+// default in HF (Mistral, Gemma 2: 4096; gpt-oss: 128). Qwen 2/3 keep sliding_window only
 // with use_sliding_window (HF sets it to None otherwise).
 std::size_t sliding_window(const config_fields& f, const std::string& type, std::size_t layer) {
   if ((type == "qwen2" || type == "qwen3") && !f.flag("use_sliding_window").value_or(false))
     f.fail("layer " + number(layer) + " is a sliding-window layer (layer_types) but field 'use_sliding_window' is " +
            "not true, so it has no window");
   if (const std::optional<std::size_t> window = f.count("sliding_window")) return *window;
-  if ((type == "mistral" || type == "gemma2") && !f.object().contains("sliding_window")) return 4096;
+  if (!f.object().contains("sliding_window")) {
+    if (type == "mistral" || type == "gemma2") return 4096;
+    if (type == "gpt_oss") return 128;
+  }
   f.fail("layer " + number(layer) + " is a sliding-window layer (layer_types) but field 'sliding_window' is null");
 }
 
@@ -134,13 +138,18 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
   if (rope != nullptr && !rope->is_object())
     f.fail("field " + quote_name(field) + " must be an object, got " + json_type_name(*rope));
   const json empty = json::object();
-  const json& r = rope != nullptr ? *rope : empty;
+  // HF GptOssConfig: no rope_scaling / rope_parameters means this yarn.
+  static const json gpt_oss_yarn = {{"rope_type", "yarn"}, {"factor", 32.0},
+                                    {"beta_fast", 32.0},   {"beta_slow", 1.0},
+                                    {"truncate", false},   {"original_max_position_embeddings", 4096}};
+  const json& r = rope != nullptr ? *rope : type == "gpt_oss" ? gpt_oss_yarn : empty;
   auto label = [&](const std::string& key) { return field + "." + key; };
 
-  // Theta: rope_parameters.rope_theta, else the top-level rope_theta, else 10000.
+  // Theta: rope_parameters.rope_theta, else the top-level rope_theta, else
+  // the family's default (gpt-oss 150000, the others 10000).
   std::optional<double> theta = f.real_in(r, "rope_theta", label("rope_theta"));
   if (!theta) theta = f.real("rope_theta");
-  config.rope_theta = theta.value_or(10000.0);
+  config.rope_theta = theta.value_or(type == "gpt_oss" ? 150000.0 : 10000.0);
   if (!(config.rope_theta > 0.0)) f.fail("field 'rope_theta' must be positive");
 
   // Partial rotary.
@@ -240,8 +249,6 @@ model_layer_spec read_model_config(const std::string& config_path, std::size_t l
   const std::optional<std::string> type = f.text("model_type");
   if (!type) f.fail("field 'model_type' is missing");
   spec.model_type = *type;
-  if (*type == "gpt_oss")
-    f.fail("model_type 'gpt_oss': attention sinks (self_attn.sinks) and its sliding layers are not implemented yet");
   if (!supported_types().contains(*type))
     f.fail("model_type " + quote_name(*type) + " is not supported (kvhead implements " + supported_list() + ")");
 
@@ -272,8 +279,9 @@ model_layer_spec read_model_config(const std::string& config_path, std::size_t l
     config.sliding_window = sliding_window(f, *type, layer);
 
   // 4. Other variants kvhead does not implement.
-  if (f.given("attn_logit_softcapping") || (*type == "gemma2" && !object.contains("attn_logit_softcapping")))
-    f.fail("field 'attn_logit_softcapping' (logit soft-capping) is not implemented yet; it must be null");
+  if (*type != "gemma2" && f.given("attn_logit_softcapping"))
+    f.fail("field 'attn_logit_softcapping' is given, but model_type " + quote_name(*type) +
+           " does not soft-cap attention logits (only gemma2 does); it must be null");
   for (const char* mla : {"kv_lora_rank", "q_lora_rank"})
     if (f.given(mla)) f.fail(std::string("field '") + mla + "': multi-head latent attention is not implemented");
   for (const char* cross : {"is_encoder_decoder", "add_cross_attention"})
@@ -288,16 +296,28 @@ model_layer_spec read_model_config(const std::string& config_path, std::size_t l
   // 5. RoPE.
   read_rope(f, *type, config);
 
-  // 6. Scale, biases, QK-norm, fused projections.
+  // 6. Scale, soft-capping, biases, sinks, QK-norm, fused projections.
   if (*type == "gemma2") {
     const double scalar = f.real("query_pre_attn_scalar").value_or(256.0);
     if (!(scalar > 0.0)) f.fail("field 'query_pre_attn_scalar' must be positive");
     config.scale = float(1.0 / std::sqrt(scalar));
+    // HF Gemma2Config: absent means 50, null means none.
+    if (!object.contains("attn_logit_softcapping")) {
+      config.logit_softcap = 50.0f;
+    } else if (const std::optional<double> cap = f.real("attn_logit_softcapping")) {
+      if (!(*cap > 0.0 && *cap <= double(std::numeric_limits<float>::max())))
+        f.fail("field 'attn_logit_softcapping' must be a positive float (or null: no soft-capping), got " +
+               std::to_string(*cap));
+      config.logit_softcap = float(*cap);
+    }
   } else {
     config.scale = float(1.0 / std::sqrt(double(config.head_dim)));
   }
-  const bool attention_bias = f.flag("attention_bias").value_or(false);
-  if (*type == "llama" || *type == "qwen3" || *type == "gemma2") spec.qkv_bias = spec.o_bias = attention_bias;
+  // HF: attention_bias defaults to true for gpt-oss, false for the others.
+  const bool attention_bias = f.flag("attention_bias").value_or(*type == "gpt_oss");
+  if (*type == "llama" || *type == "qwen3" || *type == "gemma2" || *type == "gpt_oss")
+    spec.qkv_bias = spec.o_bias = attention_bias;
+  spec.sinks = *type == "gpt_oss";
   if (*type == "qwen2") spec.qkv_bias = true;
   if (*type == "qwen3") {
     const double eps = f.real("rms_norm_eps").value_or(1e-6);

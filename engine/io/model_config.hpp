@@ -8,9 +8,14 @@
 //   qwen2       q,k,v (always)          q,k,v,o_proj       sliding per use_sliding_window, max_window_layers
 //   qwen3       q,k,v,o if attention_bias q,k,v,o_proj     QK-norm (q_norm, k_norm, eps rms_norm_eps)
 //   phi3        none                    qkv_proj, o_proj   partial_rotary_factor; sliding_window (null: none)
-//   gemma2      q,k,v,o if attention_bias q,k,v,o_proj     scale query_pre_attn_scalar^-0.5; even layers
-//                                                          slide (sliding_window, absent: 4096); only
-//                                                          with attn_logit_softcapping null
+//   gemma2      q,k,v,o if attention_bias q,k,v,o_proj     scale query_pre_attn_scalar^-0.5 (default 256);
+//                                                          soft-capping attn_logit_softcapping (absent:
+//                                                          50, null: none); even layers slide
+//                                                          (sliding_window, absent: 4096)
+//   gpt_oss     q,k,v,o if attention_bias q,k,v,o_proj     sinks [H]; rope absent: yarn factor 32,
+//               (default true)                             beta 32/1, orig 4096, truncate false;
+//                                                          theta absent: 150000; even layers slide
+//                                                          (sliding_window, absent: 128)
 //
 // A sliding layer (layer_types "sliding_attention" when given, else the
 // family's rule) gets config.sliding_window = sliding_window: key j visible
@@ -26,10 +31,10 @@
 // dtype. Attention is causal, positions start at 0.
 //
 // What kvhead does not implement is an error naming the field, never an
-// approximation: another model_type (gpt_oss: attention sinks), rope types
-// "dynamic", "longrope" and the rest, a sliding layer without a window, logit
-// soft-capping, MLA (kv_lora_rank, q_lora_rank), cross-attention, an unknown
-// key inside rope_scaling. Every problem throws file_error
+// approximation: another model_type, rope types "dynamic", "longrope" and
+// the rest, a sliding layer without a window, attn_logit_softcapping outside
+// gemma2, MLA (kv_lora_rank, q_lora_rank), cross-attention, an unknown key
+// inside rope_scaling. Every problem throws file_error
 // "<dir>/config.json: <problem>".
 #pragma once
 
@@ -47,6 +52,7 @@ struct model_layer_spec {
   bool fused_qkv = false;   // one qkv_proj.weight [(H + 2G) d, hidden] (phi3), split at load
   bool qkv_bias = false;    // q_proj, k_proj, v_proj have biases
   bool o_bias = false;      // o_proj has a bias
+  bool sinks = false;       // self_attn.sinks [H] (gpt_oss)
 };
 
 /// num_hidden_layers of the config.json at `config_path` (nothing else is checked).

@@ -6,6 +6,7 @@
 #include "kvhead/model.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -128,14 +129,12 @@ class layer_reader {
     }
     if (spec_.o_bias) expected["o_proj.bias"] = {c.d_model};
     if (c.qk_norm_eps) expected["q_norm.weight"] = expected["k_norm.weight"] = {c.head_dim};
+    if (spec_.sinks) expected["sinks"] = {c.num_heads};
 
     const std::vector<std::string> present = weights_.names_with(prefix_);
     if (present.empty()) fail(folder_, "no tensor of this layer (" + prefix_ + "*)");
     for (const std::string& name : present) {
       const std::string suffix = name.substr(prefix_.size());
-      if (suffix == "sinks")
-        fail(weights_.file_of(name).path(),
-             quote_name(name) + ": attention sinks are not implemented yet (model_type " + spec_.model_type + ")");
       if (suffix == "rotary_emb.inv_freq" || expected.contains(suffix)) continue;
       fail(weights_.file_of(name).path(), "unexpected tensor " + quote_name(name) + " for model_type " +
                                               quote_name(spec_.model_type) + " (config.json gives it no such " +
@@ -177,6 +176,13 @@ class layer_reader {
     if (c.qk_norm_eps) {
       result.q_norm = load("q_norm.weight");
       result.k_norm = load("k_norm.weight");
+    }
+    if (spec_.sinks) {
+      result.sinks = load("sinks");
+      for (std::size_t h = 0; h < result.sinks.size(); ++h)
+        if (!std::isfinite(result.sinks[h]))
+          fail(weights_.file_of(prefix_ + "sinks").path(),
+               quote_name(prefix_ + "sinks") + " entry " + number(h) + " is not finite");
     }
     return result;
   }

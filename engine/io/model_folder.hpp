@@ -10,9 +10,9 @@
 // tensors are model.layers.N.self_attn.* in nn.Linear layout:
 // q_proj/k_proj/v_proj/o_proj.weight (or qkv_proj.weight, rows q then k then v,
 // for phi3, split at load), the biases its family has, q_norm/k_norm.weight
-// [head_dim] for qwen3. F32, F16 and BF16 are widened to f32 exactly.
-// Other tensors of the layer are errors (a bias the family has not, and
-// self_attn.sinks: attention sinks, not implemented yet), except
+// [head_dim] for qwen3, sinks [num_attention_heads] (finite) for gpt_oss.
+// F32, F16 and BF16 are widened to f32 exactly. Other tensors of the layer
+// are errors (a bias the family has not, sinks outside gpt_oss), except
 // rotary_emb.inv_freq, which old checkpoints store and Hugging Face recomputes.
 //
 // Every problem throws file_error naming the file: no config.json, no

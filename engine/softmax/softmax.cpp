@@ -4,6 +4,7 @@
 #include "engine/softmax/softmax.hpp"
 
 #include <cassert>
+#include <cmath>
 
 #include "engine/arch/dispatch.hpp"
 
@@ -14,9 +15,25 @@ void exp_floats(const float* in, float* out, std::size_t n, simd_path path) {
   dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::exp_floats(in, out, n); });
 }
 
+void tanh_floats(const float* in, float* out, std::size_t n, simd_path path) {
+  assert(n == 0 || (in != nullptr && out != nullptr));
+  dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::tanh_floats(in, out, n); });
+}
+
+void softcap_floats(float* values, std::size_t n, float cap, simd_path path) {
+  assert(n == 0 || values != nullptr);
+  assert(cap > 0.0f && std::isfinite(cap));
+  dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::softcap_floats(values, n, cap); });
+}
+
 void softmax_row(float* row, std::size_t n, simd_path path) {
   assert(n == 0 || row != nullptr);
-  dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::softmax_row(row, n); });
+  dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::softmax_row(row, n, -INFINITY); });
+}
+
+void softmax_row_with_sink(float* row, std::size_t n, float sink, simd_path path) {
+  assert(n == 0 || row != nullptr);
+  dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::softmax_row(row, n, sink); });
 }
 
 float online_softmax_block(float* scores, std::size_t n, softmax_partial& state, simd_path path) {
@@ -39,6 +56,14 @@ void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, 
 void normalize_row(const float* acc, float sum, float* out, std::size_t d, simd_path path) {
   assert(d == 0 || (acc != nullptr && out != nullptr));
   dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::normalize_row(acc, sum, out, d); });
+}
+
+void normalize_row_with_sink(const float* acc, const softmax_partial& state, float sink, float* out, std::size_t d,
+                             simd_path path) {
+  assert(d == 0 || (acc != nullptr && out != nullptr));
+  assert(std::isfinite(sink));
+  dispatch(path,
+           [&](auto arch) { softmax_kernels<decltype(arch)>::normalize_row_with_sink(acc, state, sink, out, d); });
 }
 
 }  // namespace kvhead::engine

@@ -19,6 +19,13 @@
 // Softmax only feeds it x - max <= 0, so only the lower end matters: a
 // probability below ~1e-38 of the largest one becomes 0 (or loses precision).
 //
+// tanh accuracy (xsimd 8.1's float tanh: x + x^3 P(x^2) for |x| < 0.625,
+// else 1 - 2 / (1 + exp(2|x|)), sign restored; checked by tests/tanh_test.cpp
+// against a double std::tanh rounded to float): within 6 ULP for every float
+// (the bound derived there; 1 ULP at most on its 3.2M-input sweep, every
+// path). tanh(+-0) = +-0, tiny and subnormal x give x, |x| >= 9.1 gives +-1
+// exactly, tanh(+-inf) = +-1, tanh(NaN) = NaN.
+//
 // Masking and special values, for every function here:
 //   -inf is a masked score: its probability is exactly 0.
 //   A row (or everything folded so far) with every score -inf has no
@@ -59,12 +66,28 @@ struct softmax_partial {
 /// ranges must not overlap otherwise.
 void exp_floats(const float* in, float* out, std::size_t n, simd_path path = active_simd_path());
 
+/// out[i] = tanh(in[i]), i < n; in place allowed, other overlaps not.
+void tanh_floats(const float* in, float* out, std::size_t n, simd_path path = active_simd_path());
+
+/// Logit soft-capping (Gemma 2) in place: values[i] = cap * tanh(values[i] /
+/// cap), i < n: a true division, then tanh, then a multiply, each rounded, as
+/// Hugging Face's eager attention computes it. cap > 0 and finite (the
+/// caller's check). |result| <= cap; +-inf becomes +-cap, NaN stays NaN.
+void softcap_floats(float* values, std::size_t n, float cap, simd_path path = active_simd_path());
+
 /// In place, a numerically stable softmax of row[0:n]:
 ///   row[i] = exp(row[i] - max) / sum_j exp(row[j] - max).
 /// Passes: (1) max, (2) exp and sum, (3) scale by 1 / sum (one reciprocal,
 /// then a multiply per element). A fully masked row (all -inf) gives zeros;
 /// n = 0 does nothing.
 void softmax_row(float* row, std::size_t n, simd_path path = active_simd_path());
+
+/// softmax_row with an attention sink (gpt-oss): a logit `sink` (finite)
+/// that joins the denominator and has no entry of its own:
+///   m = max(max_j row[j], sink), row[i] = exp(row[i] - m) / (sum_j exp(row[j] - m) + exp(sink - m)).
+/// A fully masked row gives zeros (the sink takes all the mass). sink = -inf
+/// gives softmax_row's bits exactly.
+void softmax_row_with_sink(float* row, std::size_t n, float sink, simd_path path = active_simd_path());
 
 /// Folds a block of n scores (already scaled; masked ones are -inf) into a
 /// row's running statistics:
@@ -101,17 +124,31 @@ void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, 
 /// out may be acc itself.
 void normalize_row(const float* acc, float sum, float* out, std::size_t d, simd_path path = active_simd_path());
 
+/// The final normalization with an attention sink (finite logit `sink`,
+/// value 0) joining the row's softmax, from its merged partial `state`:
+///   m  = max(state.max, sink)
+///   f  = exp(state.max - m)  (0 when state.max is -inf: nothing visible)
+///   out[i] = acc[i] * (f / (state.sum * f + exp(sink - m))), i < d
+/// one division, then a multiply per element. Nothing visible gives zeros
+/// (the sink takes all the mass); a NaN sum gives NaN. out may be acc.
+void normalize_row_with_sink(const float* acc, const softmax_partial& state, float sink, float* out, std::size_t d,
+                             simd_path path = active_simd_path());
+
 /// Per-ISA kernels behind the functions above (same contracts); defined in
 /// softmax_impl.hpp and explicitly instantiated in engine/arch/<isa>.cpp.
 template <class Arch>
 struct softmax_kernels {
   static void exp_floats(const float* in, float* out, std::size_t n);
-  static void softmax_row(float* row, std::size_t n);
+  static void tanh_floats(const float* in, float* out, std::size_t n);
+  static void softcap_floats(float* values, std::size_t n, float cap);
+  static void softmax_row(float* row, std::size_t n, float sink);
   static float online_softmax_block(float* scores, std::size_t n, softmax_partial& state);
   static void scale_floats(float* values, std::size_t n, float factor);
   static void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b,
                              std::size_t d);
   static void normalize_row(const float* acc, float sum, float* out, std::size_t d);
+  static void normalize_row_with_sink(const float* acc, const softmax_partial& state, float sink, float* out,
+                                      std::size_t d);
 };
 
 }  // namespace kvhead::engine

@@ -131,23 +131,46 @@ void softmax_kernels<Arch>::exp_floats(const float* in, float* out, std::size_t 
   softmax_detail::map_blocks<Arch>(in, out, n, 0.0f, [](const batch& v) { return xsimd::exp(v); });
 }
 
-// softmax_row: row[0:n] in place, contiguous.
-//   Pass 1: m = max(row), NaN skipped; -inf when the row is fully masked.
+// tanh_floats: in[0:n] -> out[0:n], elementwise (xsimd::tanh), tail padded with 0.
+template <class Arch>
+void softmax_kernels<Arch>::tanh_floats(const float* in, float* out, std::size_t n) {
+  using batch = xsimd::batch<float, Arch>;
+  softmax_detail::map_blocks<Arch>(in, out, n, 0.0f, [](const batch& v) { return xsimd::tanh(v); });
+}
+
+// softcap_floats: values[0:n] in place, one pass, each W-wide block divided,
+// tanh'd and multiplied in registers. Tail padded with 0 (tanh(0) = 0).
+template <class Arch>
+void softmax_kernels<Arch>::softcap_floats(float* values, std::size_t n, float cap) {
+  using batch = xsimd::batch<float, Arch>;
+  const batch cap_v(cap);
+  softmax_detail::map_blocks<Arch>(values, values, n, 0.0f,
+                                   [&](const batch& v) { return xsimd::tanh(v / cap_v) * cap_v; });
+}
+
+// softmax_row: row[0:n] in place, contiguous; sink -inf when there is none.
+//   Pass 1: m = max(row, sink), NaN skipped; -inf when the row is fully
+//           masked and there is no sink.
 //   Pass 2: row[j] = exp(row[j] - shift), sum = fixed-order sum, where
 //           shift = m, or 0 when m = -inf (so masked -inf stays -inf and
 //           becomes 0 instead of the NaN of -inf - -inf). Subtracting the max
 //           keeps every argument <= 0: no overflow, and sum >= 1 unless the
 //           row is fully masked (sum = 0) or holds NaN / +inf (sum = NaN).
+//           A sink adds exp(sink - shift) to the sum (without one, nothing:
+//           the bits of the plain softmax).
 //   Pass 3: sum = 0 -> zeros; otherwise row[j] *= 1 / sum.
 // Three passes over the row (the exp pass is the cost; a row of up to a few
 // thousand floats stays in L1/L2 between them).
 template <class Arch>
-void softmax_kernels<Arch>::softmax_row(float* row, std::size_t n) {
+void softmax_kernels<Arch>::softmax_row(float* row, std::size_t n, float sink) {
   using batch = xsimd::batch<float, Arch>;
+  constexpr float minus_infinity = softmax_detail::minus_infinity;
   if (n == 0) return;
-  const float max = softmax_detail::row_max<Arch>(row, n);
-  const float shift = max == softmax_detail::minus_infinity ? 0.0f : max;
-  const float sum = softmax_detail::exp_shift_sum<Arch>(row, n, shift);
+  const float row_max = softmax_detail::row_max<Arch>(row, n);
+  const float max = sink > row_max ? sink : row_max;
+  const float shift = max == minus_infinity ? 0.0f : max;
+  float sum = softmax_detail::exp_shift_sum<Arch>(row, n, shift);
+  if (sink != minus_infinity) sum += softmax_detail::exp_scalar<Arch>(sink - shift);
   if (sum == 0.0f) {
     softmax_detail::fill_zeros<Arch>(row, n);
     return;
@@ -227,6 +250,26 @@ void softmax_kernels<Arch>::normalize_row(const float* acc, float sum, float* ou
   }
   const batch inverse(1.0f / sum);
   softmax_detail::map_blocks<Arch>(acc, out, d, 0.0f, [&](const batch& v) { return v * inverse; });
+}
+
+// normalize_row_with_sink: acc[0:d] -> out[0:d], one pass: out = acc * factor,
+// factor = f / (sum * f + g) from the scalars of softmax.hpp, f and g through
+// the same vector exp as the scores. Nothing visible: f = 0, so zeros (the
+// accumulator of such a row is 0), or NaN when the sum is NaN.
+template <class Arch>
+void softmax_kernels<Arch>::normalize_row_with_sink(const float* acc, const softmax_partial& state, float sink,
+                                                    float* out, std::size_t d) {
+  using batch = xsimd::batch<float, Arch>;
+  const float max = sink > state.max ? sink : state.max;
+  // Both exponentials in one vector exp (lanes 0 and 1): each lane rounds as
+  // the scores' exp does.
+  alignas(Arch::alignment()) float lanes[batch::size] = {state.max - max, sink - max};
+  xsimd::exp(batch::load_aligned(lanes)).store_aligned(lanes);
+  const float f = state.max == softmax_detail::minus_infinity ? 0.0f : lanes[0];
+  const float g = lanes[1];
+  const float kept = state.sum * f;
+  const batch factor(f / (kept + g));
+  softmax_detail::map_blocks<Arch>(acc, out, d, 0.0f, [&](const batch& v) { return v * factor; });
 }
 
 }  // namespace kvhead::engine

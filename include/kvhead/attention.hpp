@@ -20,6 +20,19 @@
 // batch element and head) is added to the scaled scores; -inf there hides a
 // key too. A query row with no visible key yields zeros, never NaN.
 //
+// Variants (both off by default, as Hugging Face's eager attention computes
+// them; its SDPA path drops them):
+//   logit soft-capping (Gemma 2): with cap > 0, each scaled score becomes
+//     s = cap * tanh(s / cap) before the additive mask (and the masks),
+//     so |s| <= cap; an infinite score becomes +-cap.
+//   attention sinks (gpt-oss): one finite logit per query head that joins
+//     each row's softmax denominator and contributes no value:
+//       p_j = exp(s_j - m) / (sum_k exp(s_k - m) + exp(sink_h - m)),
+//       m = max(max_k s_k, sink_h),
+//     so the probabilities sum to less than 1. A row with no visible key
+//     yields zeros (the sink takes all the mass).
+// Both keep the bit-identity across thread counts, chunking and batching.
+//
 // Special values. NaN or Inf in the inputs reach only the outputs that attend
 // to them (keys hidden by causality, valid_len or the window are never
 // multiplied into the output); a key hidden only by the additive mask still contributes 0 * v,
@@ -104,8 +117,15 @@ struct attention_options {
   /// When set, also writes the attention probabilities [batch, num_heads,
   /// q_len, kv_len] (row-major) through a separate materialized pass: meant
   /// for small sizes and debugging (it stores q_len x kv_len per head). The
-  /// output itself is the same, bit for bit, with or without it.
+  /// output itself is the same, bit for bit, with or without it (soft-capped
+  /// and with the sink in the denominator when those are set).
   float* probabilities = nullptr;
+  /// Logit soft-capping: 0 (the default) none; else finite and > 0, each
+  /// scaled score becomes cap * tanh(score / cap) before the additive mask.
+  float logit_softcap = 0.0f;
+  /// Attention sinks: [num_heads] finite logits, head h's at sinks[h]; null
+  /// (the default): none. See "Variants" above.
+  const float* sinks = nullptr;
 };
 
 /// out = softmax(scale * q kᵀ + masks) v, per head. q and out have num_heads
@@ -116,7 +136,8 @@ struct attention_options {
 /// do not overlap one another at all (its axes, sorted by stride, nest: each
 /// stride at least the span of the axes inside it, as in every dense layout);
 /// no view addresses beyond the end of memory; q_offset + q_len, and the
-/// sizes of the mask and the probabilities, fit std::size_t.
+/// sizes of the mask and the probabilities, fit std::size_t; logit_softcap
+/// finite and >= 0; every sink finite.
 KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q,
                                              head_tensor<const float> k, head_tensor<const float> v,
                                              head_tensor<float> out, const attention_options& options = {});
@@ -176,6 +197,10 @@ struct attention_config {
   /// i - j < W (with causality, as in Hugging Face's sliding-window layers),
   /// in both forwards; 0 (the default): every past key.
   std::size_t sliding_window = 0;
+  /// Logit soft-capping (Gemma 2 attn_logit_softcapping): 0 (the default)
+  /// none; else finite and > 0: each scaled score becomes
+  /// cap * tanh(score / cap) before the causal mask.
+  float logit_softcap = 0.0f;
 };
 
 /// One nn.Linear: weight [out_features, in_features] row-major, y = x Wᵀ + b.
@@ -186,11 +211,14 @@ struct linear_weights {
 };
 
 /// q_proj [H d, d_model], k_proj and v_proj [G d, d_model], o_proj [d_model, H d];
-/// q_norm and k_norm [d] each, required with qk_norm_eps and ignored without.
+/// q_norm and k_norm [d] each, required with qk_norm_eps and ignored without;
+/// sinks [H] (gpt-oss self_attn.sinks), finite: query head h's attention
+/// sink logit (see scaled_dot_product_attention's "Variants"); null: none.
 struct attention_weights {
   linear_weights q_proj, k_proj, v_proj, o_proj;
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
+  const float* sinks = nullptr;
 };
 
 /// One sequence's share of a batched forward over a KV cache: its `tokens`
@@ -208,14 +236,17 @@ struct sequence_tokens {
 /// scaled as rope_scaling says, angle = position * inv_freq_i, cos and sin
 /// computed in double (times the attention factor of yarn) and rounded to
 /// float; positions are absolute, 0 for the first token of each sequence.
-/// QK-norm, when configured, comes before RoPE. With H = G, no RoPE and no mask the
+/// QK-norm, when configured, comes before RoPE. Soft-capping and sinks, when
+/// configured, as scaled_dot_product_attention's "Variants" say, in both
+/// forwards. With H = G, no RoPE and no mask the
 /// result equals torch.nn.MultiheadAttention with in_proj = [Wq; Wk; Wv].
 class KVHEAD_API attention_layer {
  public:
   /// Errors (std::invalid_argument naming the field): num_heads, head_dim or
   /// d_model 0, num_kv_heads not dividing num_heads, a non-finite scale or
   /// rope_theta, RoPE with an odd head_dim, weight sizes overflowing
-  /// std::size_t, a null weight.
+  /// std::size_t, a null weight, a logit_softcap negative or not finite, a
+  /// sink not finite.
   attention_layer(const attention_config& config, const attention_weights& weights);
   ~attention_layer();
   attention_layer(attention_layer&&) noexcept;

@@ -123,11 +123,18 @@ typedef struct kvh_layer_options {
   const char* prefix;               /* tensor-name prefix, NULL = none */
   int32_t threads;                  /* 0 = all cores */
   int32_t kv_dtype;                 /* a kvh_kv_dtype: how caches created from this layer store K/V; 0 = f32 */
+  float logit_softcap;              /* Gemma 2 logit soft-capping: each scaled score s becomes
+                                       cap * tanh(s / cap) before the causal mask; 0 = none, else
+                                       finite and > 0 */
+  const float* sinks;               /* gpt-oss attention sinks: num_heads finite logits (head h's at
+                                       sinks[h]) that join each row's softmax denominator and carry no
+                                       value; copied by kvh_layer_open; NULL = none */
   /* Later versions add fields here, each documented with its default. */
 } kvh_layer_options;
 
 /* The defaults: num_heads 0 (must be set), num_kv_heads 0, rope_theta 0,
-   scale 0, prefix NULL, threads 0, kv_dtype KVH_KV_F32; struct_size = the library's
+   scale 0, prefix NULL, threads 0, kv_dtype KVH_KV_F32, logit_softcap 0,
+   sinks NULL; struct_size = the library's
    sizeof(kvh_layer_options). Through the macro below, C and C++ programs call
    kvh_layer_options_init_sized with their own sizeof. A NULL options is
    ignored. */
@@ -141,14 +148,16 @@ KVHEAD_API void kvh_layer_options_init_sized(kvh_layer_options* options, size_t 
 /* Reads and checks one layer; *out receives it (close it with
    kvh_layer_close). num_heads must be >= 1, num_kv_heads >= 0 and dividing
    num_heads, rope_theta finite and >= 0 (> 0 needs an even head_dim), scale
-   finite, threads 0 to 4096 (more than this machine's CPUs: capped there). */
+   finite, threads 0 to 4096 (more than this machine's CPUs: capped there),
+   logit_softcap finite and >= 0, every sink finite. */
 KVHEAD_API kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options* options, kvh_layer** out);
 /* Layer layer_index of a Hugging Face model folder: config.json, and
    model.safetensors or model.safetensors.index.json with its shards (the
    families and variants kvhead/model.hpp lists; what kvhead does not
    implement is an error naming the field). Everything comes from
-   config.json: options->num_heads, num_kv_heads, rope_theta and scale must
-   each be 0 or agree with it, prefix must be NULL; threads as for
+   config.json: options->num_heads, num_kv_heads, rope_theta, scale and
+   logit_softcap must each be 0 or agree with it, prefix and sinks must be
+   NULL (sinks come from the folder's self_attn.sinks); threads as for
    kvh_layer_open. The layer is causal (kvh_layer_forward's causal flag still
    chooses per call). Statuses: folder not a folder or without config.json:
    KVH_ERR_IO; layer_index < 0 or >= num_hidden_layers, or options that

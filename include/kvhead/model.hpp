@@ -7,15 +7,17 @@
 // states (after the input norm), its output the block's output after o_proj
 // (before the residual add); attention is causal and every sequence starts at
 // position 0. Families: llama (RoPE scaling default, linear, llama3, yarn),
-// mistral, qwen2, qwen3 (QK-norm), phi3 (fused qkv_proj, partial rotary) and
-// gemma2 without soft-capping; weights F32, F16 or BF16, widened to f32 at
-// load. Sliding-window layers (Mistral's sliding_window, Qwen 2's
-// use_sliding_window from max_window_layers on, Gemma 2's even layers,
-// layer_types "sliding_attention") get attention_config::sliding_window; when
-// every layer slides, kv_cache::drop_outside_window frees the blocks no future
-// query sees. What kvhead does not implement (logit soft-capping, attention
-// sinks, rope types "dynamic" and "longrope", MLA, another model_type) is an
-// error naming the field, never an approximation.
+// mistral, qwen2, qwen3 (QK-norm), phi3 (fused qkv_proj, partial rotary),
+// gemma2 (query_pre_attn_scalar, logit soft-capping attn_logit_softcapping:
+// absent 50, null none) and gpt_oss (attention sinks self_attn.sinks, all four
+// biases, yarn RoPE); weights F32, F16 or BF16, widened to f32 at load.
+// Sliding-window layers (Mistral's sliding_window, Qwen 2's
+// use_sliding_window from max_window_layers on, Gemma 2's and gpt-oss's even
+// layers, layer_types "sliding_attention") get attention_config::sliding_window;
+// when every layer slides, kv_cache::drop_outside_window frees the blocks no
+// future query sees. What kvhead does not implement (rope types "dynamic" and
+// "longrope", MLA, another model_type) is an error naming the field, never an
+// approximation.
 // README's "Model folders" section lists the fields read.
 //
 // Errors: std::runtime_error with one line "<file>: <problem>" (no folder, no

@@ -1,6 +1,10 @@
 // Plain attention references in double precision (no code shared with the
-// engine): scaled-dot-product attention with every mask kind, RoPE, and the
-// whole layer. Also returns the magnitudes the float error bound needs.
+// engine): scaled-dot-product attention with every mask kind, soft-capping
+// and sinks as Hugging Face's eager attention computes them (Gemma 2:
+// scores = cap tanh(scores / cap) before the mask; gpt-oss: the sink logit
+// concatenated to each row, the max and the softmax over both, the sink's
+// column dropped), RoPE, and the whole layer. Also returns the magnitudes
+// the float error bound needs.
 #pragma once
 
 #include <algorithm>
@@ -28,6 +32,8 @@ struct sdpa_case {
   const std::size_t* valid_len;  // null: kv_len
   const float* additive_mask;    // [q_len, kv_len] or null
   std::size_t window = 0;        // sliding window: key j visible only if (q_offset + i) - j < window; 0: none
+  double logit_softcap = 0.0;    // > 0: soft-capping
+  const float* sinks = nullptr;  // [heads] or null
 };
 
 struct sdpa_result {
@@ -61,7 +67,9 @@ inline sdpa_result sdpa(const sdpa_case& c, strided4 q, strided4 k, strided4 v) 
             dot += q.at(b, h, i, e) * k.at(b, g, j, e);
             magnitude += std::fabs(q.at(b, h, i, e) * k.at(b, g, j, e));
           }
-          score[j] = c.scale * dot + (c.additive_mask ? double(c.additive_mask[i * c.kv_len + j]) : 0.0);
+          score[j] = c.scale * dot;
+          if (c.logit_softcap > 0.0) score[j] = c.logit_softcap * std::tanh(score[j] / c.logit_softcap);
+          score[j] += c.additive_mask ? double(c.additive_mask[i * c.kv_len + j]) : 0.0;
           if (!visible[j]) score[j] = -std::numeric_limits<double>::infinity();
           if (visible[j]) {
             result.score_magnitude[index] = std::max(result.score_magnitude[index], std::fabs(c.scale) * magnitude);
@@ -70,8 +78,10 @@ inline sdpa_result sdpa(const sdpa_case& c, strided4 q, strided4 k, strided4 v) 
           }
           best = std::max(best, score[j]);
         }
-        if (best == -std::numeric_limits<double>::infinity()) continue;  // no visible key: zeros
-        double total = 0.0;
+        const double sink = c.sinks ? double(c.sinks[h]) : -std::numeric_limits<double>::infinity();
+        best = std::max(best, sink);
+        if (best == -std::numeric_limits<double>::infinity()) continue;  // no visible key, no sink: zeros
+        double total = c.sinks ? std::exp(sink - best) : 0.0;
         for (std::size_t j = 0; j < c.kv_len; ++j) {
           score[j] = std::exp(score[j] - best);
           total += score[j];

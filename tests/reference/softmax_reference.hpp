@@ -20,8 +20,10 @@ struct softmax_result {
   std::vector<double> shifted;  // x[j] - max in double (-inf when masked): the argument of exp
 };
 
-/// Softmax of x[0:n] in double, by the textbook formula exp(x - max) / sum.
-inline softmax_result softmax(const float* x, std::size_t n) {
+/// Softmax of x[0:n] in double, by the textbook formula exp(x - max) / sum;
+/// with an attention sink (a finite logit; -inf: none), Hugging Face
+/// gpt-oss's: the sink joins the max and the sum and has no entry of its own.
+inline softmax_result softmax(const float* x, std::size_t n, double sink = -std::numeric_limits<double>::infinity()) {
   constexpr double infinity = std::numeric_limits<double>::infinity();
   constexpr double nan = std::numeric_limits<double>::quiet_NaN();
   softmax_result result{std::vector<double>(n, 0.0), std::vector<double>(n, -infinity)};
@@ -36,8 +38,9 @@ inline softmax_result softmax(const float* x, std::size_t n) {
     result.value.assign(n, nan);
     return result;
   }
+  if (sink > max) max = sink;
   if (max == -infinity) return result;  // no visible entry: zeros
-  double sum = 0.0;
+  double sum = sink == -infinity ? 0.0 : std::exp(sink - max);
   for (std::size_t j = 0; j < n; ++j) {
     result.shifted[j] = double(x[j]) - max;
     result.value[j] = std::exp(result.shifted[j]);
