@@ -360,6 +360,8 @@ TEST_CASE("attention with a sliding window: NaN in keys and values outside a que
         CHECK(std::memcmp(one.data(), cached.data() + position * 2 * head_dim, one.size() * sizeof(float)) == 0);
       }
     }
+}
+
 TEST_CASE("attention sinks: rows with every key masked give zeros, as Hugging Face's eager gpt-oss gives them") {
   for (simd_path path : kvhead::supported_simd_paths()) {
     std::mt19937 generator(6);
@@ -688,6 +690,7 @@ TEST_CASE(
                                          nullptr,
                                          nullptr,
                                          path,
+                                         0,
                                          variants});
         const std::size_t row_floats = heads * head_dim;
         for (std::size_t position : {0, 59, 60, 255, 256, 299}) {
@@ -703,6 +706,7 @@ TEST_CASE(
                                            nullptr,
                                            nullptr,
                                            path,
+                                           0,
                                            variants});
           INFO("path " << std::string(kvhead::to_string(path)) << " d " << head_dim << " position " << position
                        << " softcap " << variants.logit_softcap);
