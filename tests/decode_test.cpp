@@ -695,7 +695,12 @@ TEST_CASE(
         cache.append(id, 1);
         CHECK_THROWS_WITH_AS(first.layer.forward(cache, 0, {{id, 1}}, row.data(), out.data()),
                              doctest::Contains("dropped"), std::invalid_argument);
-        const kvhead::sequence_id child = cache.fork(id);  // shares the kept blocks only
+        const kvhead::sequence_id child = cache.fork(id);  // shares the kept blocks only, and the dropped positions
+        CHECK(cache.dropped(child) == cache.dropped(id));
+        cache.truncate(child, cache.dropped(child));
+        cache.append(child, 1);
+        CHECK_THROWS_WITH_AS(first.layer.forward(cache, 0, {{child, 1}}, row.data(), out.data()),
+                             doctest::Contains("dropped"), std::invalid_argument);
         cache.free(id);
         cache.free(child);
         CHECK(cache.free_blocks() == cache.total_blocks());
