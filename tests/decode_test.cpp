@@ -631,8 +631,7 @@ TEST_CASE("decode stress: threads decoding forked and truncated sequences of one
   }
 }
 
-TEST_CASE(
-    "decode with a sliding window equals the full forward; dropping the blocks outside it frees them, same bits") {
+TEST_CASE("decode with a sliding window equals the full forward, and dropping the blocks outside it frees them") {
   constexpr std::size_t window = 37, seq = 300;
   kvhead::attention_config windowed = gqa_rope;
   windowed.sliding_window = window;
