@@ -269,7 +269,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("attention with a sliding window: a decode step equals its row of the prefill; 1, 2, 3, 8 threads agree") {
+TEST_CASE("attention with a sliding window: a decode step equals its row of the prefill at 1, 2, 3 and 8 threads") {
   for (simd_path path : kvhead::supported_simd_paths())
     for (std::size_t window : {1, 2, 255, 256, 257}) {
       std::mt19937 generator(static_cast<unsigned>(window));

@@ -631,8 +631,7 @@ TEST_CASE("decode stress: threads decoding forked and truncated sequences of one
   }
 }
 
-TEST_CASE(
-    "decode with a sliding window equals the full forward; dropping the blocks outside it frees them, same bits") {
+TEST_CASE("decode with a sliding window equals the full forward, and dropping the blocks outside it frees them") {
   constexpr std::size_t window = 37, seq = 300;
   kvhead::attention_config windowed = gqa_rope;
   windowed.sliding_window = window;
@@ -695,7 +694,12 @@ TEST_CASE(
         cache.append(id, 1);
         CHECK_THROWS_WITH_AS(first.layer.forward(cache, 0, {{id, 1}}, row.data(), out.data()),
                              doctest::Contains("dropped"), std::invalid_argument);
-        const kvhead::sequence_id child = cache.fork(id);  // shares the kept blocks only
+        const kvhead::sequence_id child = cache.fork(id);  // shares the kept blocks only, and the dropped positions
+        CHECK(cache.dropped(child) == cache.dropped(id));
+        cache.truncate(child, cache.dropped(child));
+        cache.append(child, 1);
+        CHECK_THROWS_WITH_AS(first.layer.forward(cache, 0, {{child, 1}}, row.data(), out.data()),
+                             doctest::Contains("dropped"), std::invalid_argument);
         cache.free(id);
         cache.free(child);
         CHECK(cache.free_blocks() == cache.total_blocks());

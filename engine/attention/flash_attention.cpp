@@ -248,8 +248,10 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
       for (std::size_t j = 0; j < keys; ++j) scores[row * kv_chunk + first + j] *= views[s].key_scales[j];
   }
   if (tile.variants.logit_softcap > 0.0f)  // in place over each row's visible keys
-    for (std::size_t row = 0; row < rows; ++row)
-      softcap_floats(scores + row * kv_chunk, visible(row / group), tile.variants.logit_softcap, tile.path);
+    for (std::size_t row = 0; row < rows; ++row) {
+      const key_span keys = visible(row / group);
+      softcap_floats(scores + row * kv_chunk + keys.begin, keys.count(), tile.variants.logit_softcap, tile.path);
+    }
   if (tile.additive_mask != nullptr)
     for (std::size_t row = 0; row < rows; ++row) {
       const float* mask_row = tile.additive_mask + (tile.position0 + row / group) * tile.mask_ld + key0;

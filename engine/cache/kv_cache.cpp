@@ -309,6 +309,7 @@ sequence_id kv_cache::fork(sequence_id parent_id) {
   impl::sequence child;
   child.length = parent.length;
   child.written = parent.written;
+  child.dropped = parent.dropped;
   cache.reserve_table(child.blocks, parent.blocks.size());
   child.blocks.assign(parent.blocks.begin(), parent.blocks.end());
 

@@ -97,8 +97,8 @@
 // window, or a wider one; new queries after truncate() back to within a
 // window of them) throws std::invalid_argument naming the sequence, the layer
 // and the dropped positions, before anything is written; truncate() below
-// dropped(sequence) throws kv_cache_error. A fork shares the blocks left;
-// truncate and free release only those.
+// dropped(sequence) throws kv_cache_error. A fork shares the blocks left and
+// inherits the dropped positions; truncate and free release only the blocks.
 //
 // Errors. Every misuse (unknown or freed id, append of 0 tokens, a length that
 // would overflow std::size_t, truncate beyond the length, out of capacity)
@@ -207,8 +207,8 @@ class KVHEAD_API kv_cache {
   /// layers; the blocks receiving them are exclusively owned on return. The
   /// marks stay: the new positions are unwritten until each layer's forward.
   void append(sequence_id sequence, std::size_t tokens);
-  /// A new sequence sharing all of the parent's blocks, with its length and
-  /// its per-layer written-up-to marks.
+  /// A new sequence sharing all of the parent's blocks, with its length, its
+  /// per-layer written-up-to marks and its dropped positions.
   sequence_id fork(sequence_id parent);
   /// Shortens the sequence to `length` <= length(sequence) tokens and drops
   /// the blocks it no longer needs; every layer's mark above `length` drops
