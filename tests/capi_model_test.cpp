@@ -161,11 +161,13 @@ TEST_CASE("C API kv_dtype: a bf16 or int8 cache decodes within its rounding of f
 }
 
 TEST_CASE("C API variants: a folder's soft-capping and sinks as in C++, and logit_softcap and sinks in the options") {
-  for (const auto& [name, layer_index] : {std::pair{"gemma2_softcap", 1}, std::pair{"gpt_oss_sinks", 1}}) {
+  for (const auto& entry : {std::pair{"gemma2_softcap", 1}, std::pair{"gpt_oss_sinks", 1}}) {
+    const std::string name = entry.first;  // not a structured binding: clang 14 cannot capture those
+    const int32_t layer_index = entry.second;
     CAPTURE(name);
     const std::string folder = std::string(KVHEAD_MODELS_DIR) + "/" + name;
     kvh_layer_options options = defaults();
-    if (std::string(name) == "gemma2_softcap") options.logit_softcap = 1.5f;  // agrees with config.json
+    if (name == "gemma2_softcap") options.logit_softcap = 1.5f;  // agrees with config.json
     kvh_layer* layer = nullptr;
     REQUIRE_MESSAGE(kvh_layer_open_model(folder.c_str(), layer_index, &options, &layer) == KVH_OK, kvh_last_error());
     const kvhead::attention_layer cpp_layer = kvhead::load_model_layer(folder, std::size_t(layer_index));

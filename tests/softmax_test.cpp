@@ -149,7 +149,7 @@ TEST_CASE("softmax_row matches the double reference for lengths 0..49, 1000 and 
   }
 }
 
-TEST_CASE("softmax_row_with_sink matches the double reference; sink -inf gives softmax_row's bits, every path") {
+TEST_CASE("softmax_row_with_sink matches the double reference, and sink -inf gives softmax_row's bits, every path") {
   // The sink adds one term to the sum: its exp (4u) and argument (|sink -
   // max| u), weighted by its share of the sum (<= 1), and one more rounding
   // of the sum: `extra` 6u, plus the argument term below.
@@ -469,7 +469,7 @@ TEST_CASE("normalize_row: acc / sum within two roundings, in place, sum 0 gives 
   }
 }
 
-TEST_CASE("normalize_row_with_sink: acc f / (sum f + g) within its bound; nothing visible gives zeros, every path") {
+TEST_CASE("normalize_row_with_sink: acc f / (sum f + g) within its bound, nothing visible gives zeros, every path") {
   // f = exp(max - m), g = exp(sink - m): 4u each plus their arguments'
   // rounding (|max - m| u, |sink - m| u); then the product, the add, the
   // division and the multiply: 4u more.
