@@ -120,7 +120,7 @@ TEST_CASE("C API model folder: bad calls give their status and name the problem,
   CHECK_THROWS_AS(kvhead::model_layer_config(llama3, 3), std::runtime_error);
 }
 
-TEST_CASE("C API kv_dtype: a bf16 or int8 cache decodes within its rounding of forward; a bad value is refused") {
+TEST_CASE("C API kv_dtype: a bf16 or int8 cache decodes within its rounding of forward, a bad value is refused") {
   for (const int32_t dtype : {int32_t(KVH_KV_BF16), int32_t(KVH_KV_F16), int32_t(KVH_KV_INT8)}) {
     INFO("kv_dtype " << dtype);
     kvh_layer_options options = defaults();

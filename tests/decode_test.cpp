@@ -155,7 +155,7 @@ TEST_CASE("decode: a ragged batch mixing a prefill chunk with single-token steps
   for (std::size_t s = 0; s < 3; ++s) CHECK(same_bits(outputs[s].data(), expected[s].data(), outputs[s].size()));
 }
 
-TEST_CASE("decode: a forked sequence that diverges equals running it from scratch; truncate then re-append") {
+TEST_CASE("decode: a forked sequence that diverges equals running it from scratch, truncate then re-append") {
   layer_fixture f(gqa_rope);
   std::mt19937 generator(4);
   const std::size_t prefix = 45, tail = 20;

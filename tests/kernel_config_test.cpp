@@ -58,7 +58,7 @@ TEST_CASE("host_cpu reads the vendor, family and caches the OS reports") {
   if (const std::size_t sysfs_l1 = sysfs_size(0); sysfs_l1 != 0) CHECK(cpu.l1d_bytes == sysfs_l1);
 }
 
-TEST_CASE("each CPU kind gets its row; every path has a row for any CPU") {
+TEST_CASE("each CPU kind gets its row, every path has a row for any CPU") {
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, zen4).name) == "avx512-zen4");
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, xeon).name) == "avx512-2x512");
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, silent).name) == "avx512-2x512");

@@ -420,7 +420,7 @@ TEST_CASE("kv_cache: copy-on-write after fork and truncate into a shared block")
   }
 }
 
-TEST_CASE("kv_cache: a parent appending into its shared last block copies it; the child keeps the original") {
+TEST_CASE("kv_cache: a parent appending into its shared last block copies it, the child keeps the original") {
   kv_cache cache(small_config(32, 6));
   const sequence_id parent = cache.create();
   cache.append(parent, 40);  // blocks: full, partial
@@ -598,7 +598,7 @@ TEST_CASE("kv_cache: invalid configurations throw std::invalid_argument naming t
   rejected(config, "capacity_bytes");
 }
 
-TEST_CASE("kv_cache: move-only; a moved cache keeps its sequences") {
+TEST_CASE("kv_cache: move-only, a moved cache keeps its sequences") {
   static_assert(!std::is_copy_constructible_v<kv_cache> && !std::is_copy_assignable_v<kv_cache>);
   static_assert(std::is_nothrow_move_constructible_v<kv_cache> && std::is_nothrow_move_assignable_v<kv_cache>);
   kv_cache first(small_config(32, 4));

@@ -122,7 +122,7 @@ TEST_CASE("kv dtype: int8 scale is max|x| / 127, values round to nearest even, a
   }
 }
 
-TEST_CASE("kv dtype: block bytes follow the layout formula; the Llama-3-8B table of kv_cache.hpp") {
+TEST_CASE("kv dtype: block bytes follow the layout formula, the Llama-3-8B table of kv_cache.hpp") {
   kv_cache_config config;
   config.num_layers = 32;
   config.num_kv_heads = 8;
@@ -406,7 +406,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "kv dtype: a NaN or Inf written into the cache: int8 makes every output attending to it NaN; bf16 and f16 "
+    "kv dtype: a NaN or Inf written into the cache: int8 makes every output attending to it NaN, bf16 and f16 "
     "keep it, as an f32 cache does") {
   for (const simd_path path : kvhead::supported_simd_paths())
     for (const kv_dtype dtype : compressed)

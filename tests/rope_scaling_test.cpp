@@ -86,7 +86,7 @@ TEST_CASE("rope scaling: inverse frequencies and attention factor equal HF's for
       }
 }
 
-TEST_CASE("rope scaling: rows rotated by the engine agree with the double reference; the rest of each head is kept") {
+TEST_CASE("rope scaling: rows rotated by the engine agree with the double reference, the rest of each head is kept") {
   std::mt19937 generator(5);
   struct shape {
     std::size_t head_dim, rotary_dim;

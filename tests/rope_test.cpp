@@ -54,7 +54,7 @@ TEST_CASE("rope: the shared table gives the bits of the direct computation, acro
   }
 }
 
-TEST_CASE("rope: many rows at once (split over tasks) equal row by row; theta 0 leaves rows as they are") {
+TEST_CASE("rope: many rows at once (split over tasks) equal row by row, theta 0 leaves rows as they are") {
   std::mt19937 generator(3);
   const kvhead::engine::rope rope(64, 10000.0);
   std::vector<std::size_t> positions(700);

@@ -440,7 +440,7 @@ bool is_mapped(const std::string& path) {
   return read_file("/proc/self/maps").find(std::filesystem::canonical(path).string()) != std::string::npos;
 }
 
-TEST_CASE("safetensors: failures and destruction release the descriptor; the file is never mapped") {
+TEST_CASE("safetensors: failures and destruction release the descriptor, the file is never mapped") {
   temp_dir dir;
   const std::string path = dir.file("leak.safetensors");
   const std::size_t descriptors = open_descriptors();
