@@ -187,7 +187,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   for (std::size_t s = 0; s < segments && views[s].key_scales != nullptr; ++s) {
     const std::size_t first = s * segment_keys, keys = std::min(segment_keys, width - first);
     for (std::size_t row = 0; row < rows; ++row)
-      for (std::size_t j = 0; j < keys; ++j) scores[row * kv_chunk + first + j] *= views[s].key_scales[j];
+      multiply_floats(scores + row * kv_chunk + first, views[s].key_scales, keys, tile.path);
   }
   if (tile.additive_mask != nullptr)
     for (std::size_t row = 0; row < rows; ++row) {
@@ -206,8 +206,8 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     sum[row] = state.sum;
     if (views[0].value_scales != nullptr)
       for (std::size_t first = 0, s = 0; first < visible(row / group); first += segment_keys, ++s)
-        for (std::size_t j = 0; j < std::min(segment_keys, visible(row / group) - first); ++j)
-          p[first + j] *= views[s].value_scales[j];
+        multiply_floats(p + first, views[s].value_scales, std::min(segment_keys, visible(row / group) - first),
+                        tile.path);
   }
 
   // 2c. acc = p v. Off the causal diagonal every position sees the whole
