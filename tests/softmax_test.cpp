@@ -532,6 +532,31 @@ TEST_CASE("scale_floats: one exact multiply per element, lengths 0..49, neighbou
   }
 }
 
+TEST_CASE("multiply_floats: one exact multiply per element, lengths 0..49, neighbours untouched, every path") {
+  const float sentinel = std::bit_cast<float>(0x7fa5'a5a5u);
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    std::mt19937 generator(17);
+    for (std::size_t n = 0; n <= 49; ++n) {
+      const std::vector<float> values = random_row(n, 50.0f, 0.0, generator);
+      std::vector<float> factors = random_row(n, 3.0f, 0.0, generator);
+      if (n > 2) {  // 0 * x and x * inf as the scalar loop gives them
+        factors[1] = 0.0f;
+        factors[2] = INFINITY;
+      }
+      std::vector<float> buffer(n + 32, sentinel);
+      std::copy(values.begin(), values.end(), buffer.begin() + 16);
+      multiply_floats(buffer.data() + 16, factors.data(), n, path);
+      std::size_t failures = 0;
+      for (std::size_t i = 0; i < buffer.size(); ++i) {
+        const bool inside = i >= 16 && i < 16 + n;
+        if (!same_bits(buffer[i], inside ? values[i - 16] * factors[i - 16] : sentinel)) ++failures;
+      }
+      INFO("path " << std::string(kvhead::to_string(path)) << " n=" << n);
+      CHECK(failures == 0);
+    }
+  }
+}
+
 TEST_CASE("softmax determinism: bit-identical results at any offset, inside longer buffers, every path") {
   for (simd_path path : kvhead::supported_simd_paths()) {
     std::mt19937 generator(17);

@@ -245,7 +245,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   for (std::size_t s = first_segment; s < segments && views[s].key_scales != nullptr; ++s) {
     const std::size_t first = s * segment_keys, keys = std::min(segment_keys, width - first);
     for (std::size_t row = 0; row < rows; ++row)
-      for (std::size_t j = 0; j < keys; ++j) scores[row * kv_chunk + first + j] *= views[s].key_scales[j];
+      multiply_floats(scores + row * kv_chunk + first, views[s].key_scales, keys, tile.path);
   }
   if (tile.variants.logit_softcap > 0.0f)  // in place over each row's visible keys
     for (std::size_t row = 0; row < rows; ++row) {
@@ -269,10 +269,11 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     max[row] = state.max;
     sum[row] = state.sum;
     if (views[first_segment].value_scales != nullptr)
-      for (std::size_t s = keys.begin / segment_keys; s * segment_keys < keys.end; ++s)
-        for (std::size_t j = std::max(keys.begin, s * segment_keys); j < std::min(keys.end, (s + 1) * segment_keys);
-             ++j)
-          p[j] *= views[s].value_scales[j - s * segment_keys];
+      for (std::size_t s = keys.begin / segment_keys; s * segment_keys < keys.end; ++s) {
+        const std::size_t from = std::max(keys.begin, s * segment_keys);
+        const std::size_t to = std::min(keys.end, (s + 1) * segment_keys);
+        multiply_floats(p + from, views[s].value_scales + (from - s * segment_keys), to - from, tile.path);
+      }
   }
 
   // 2c. acc = p v. Off the causal diagonal and the window's edge every

@@ -2,8 +2,10 @@
 //
 //   C[0:MR, 0:NR] := alpha * A_panel * B_panel + beta * C[0:MR, 0:NR]
 //
-// A_panel  packed, k_depth steps of MR floats: element (row r, step k) at
-//          a_panel[k * MR + r]. Rows past the matrix edge are zero padding.
+// A        element (row r, step k) at a[r * a_row_stride + k * a_k_stride]:
+//          a packed panel (a_row_stride 1, a_k_stride MR; rows past the
+//          matrix edge zero padding) or, for a single panel, A where it is
+//          (a_row_stride lda, a_k_stride 1). Only rows 0..ROWS-1 are read.
 // B_panel  k_depth rows of NR elements, row k at b_panel + k * b_row_stride
 //          elements (b_row_stride = NR for a packed panel). The elements are
 //          fp32, or bf16, f16 or int8 (stored_element.hpp), widened to fp32
@@ -19,6 +21,11 @@
 // beta     beta == 0 means overwrite: C is never read, so NaN or garbage in
 //          the old C cannot leak into the result.
 //
+// b_next   the B panel the next call reads (same row stride), or null:
+//          row k of it is prefetched at step k, so while this tile computes
+//          the next one's B streams in from memory, also across pages of a
+//          paged operand that the hardware prefetchers cannot follow. A hint
+//          only: it never changes a result.
 // Arithmetic, fixed on each path: acc = 0; for k in order: acc = fma(a, b, acc)
 // (mul then add on sse2); then C = alpha * acc + beta * C. Every element of the
 // tile gets exactly this sequence, whatever its row or column, so a row of C
@@ -36,7 +43,8 @@
 namespace kvhead::engine {
 
 struct microkernel_params {
-  const float* a_panel;
+  const float* a;
+  std::size_t a_row_stride, a_k_stride;  // in floats
   const void* b_panel;       // elements of the kernel's stored type
   std::size_t b_row_stride;  // in elements
   std::size_t k_depth;
@@ -45,6 +53,7 @@ struct microkernel_params {
   float* c;
   std::size_t ldc;
   bool accumulate = false;  // C holds the running acc (see above)
+  const void* b_next = nullptr;
 };
 
 using microkernel_function = void (*)(const microkernel_params&);

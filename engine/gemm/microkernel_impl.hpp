@@ -31,7 +31,6 @@ template <class Arch, std::size_t MR, std::size_t NR>
 template <class Element, std::size_t Rows>
 void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   using batch = xsimd::batch<float, Arch>;
-  constexpr std::size_t mr = MR;  // A panel stride
   constexpr std::size_t rows = Rows;
   constexpr std::size_t vectors = NR / batch::size;
   static_assert(NR % batch::size == 0 && Rows <= MR);
@@ -51,15 +50,19 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
     for (std::size_t v = 0; v < vectors; ++v)
       acc[row][v] = accumulate ? batch::load_unaligned(params.c + row * params.ldc + v * batch::size) : batch(0.0f);
 
-  const float* a = params.a_panel;
+  const float* a = params.a;
+  const std::size_t a_row_stride = params.a_row_stride, a_k_stride = params.a_k_stride;
   const Element* b = static_cast<const Element*>(params.b_panel);
-  for (std::size_t k = 0; k < params.k_depth; ++k, a += mr, b += params.b_row_stride) {
+  // Without a next panel the prefetches touch the rows about to be loaded.
+  const Element* b_next = params.b_next != nullptr ? static_cast<const Element*>(params.b_next) : b;
+  for (std::size_t k = 0; k < params.k_depth; ++k, a += a_k_stride, b += params.b_row_stride) {
+    __builtin_prefetch(b_next + k * params.b_row_stride);
     batch b_row[vectors];
 #pragma GCC unroll 4
     for (std::size_t v = 0; v < vectors; ++v) b_row[v] = widen(Arch{}, b + v * batch::size);
 #pragma GCC unroll 16
     for (std::size_t row = 0; row < rows; ++row) {
-      const batch a_value(a[row]);
+      const batch a_value(a[row * a_row_stride]);
 #pragma GCC unroll 4
       for (std::size_t v = 0; v < vectors; ++v) acc[row][v] = multiply_add(a_value, b_row[v], acc[row][v]);
     }

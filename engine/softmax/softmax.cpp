@@ -47,6 +47,11 @@ void scale_floats(float* values, std::size_t n, float factor, simd_path path) {
   dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::scale_floats(values, n, factor); });
 }
 
+void multiply_floats(float* values, const float* factors, std::size_t n, simd_path path) {
+  assert(n == 0 || (values != nullptr && factors != nullptr));
+  dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::multiply_floats(values, factors, n); });
+}
+
 void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b, std::size_t d,
                     simd_path path) {
   assert(d == 0 || (acc_a != nullptr && acc_b != nullptr));

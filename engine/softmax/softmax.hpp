@@ -106,6 +106,11 @@ float online_softmax_block(float* scores, std::size_t n, softmax_partial& state,
 /// values[i] *= factor, i < n (a plain multiply: 0 * inf would be NaN).
 void scale_floats(float* values, std::size_t n, float factor, simd_path path = active_simd_path());
 
+/// values[i] *= factors[i], i < n (a plain multiply each, as the scalar
+/// loop: int8 KV scales applied to scores and probabilities). factors may
+/// not overlap values.
+void multiply_floats(float* values, const float* factors, std::size_t n, simd_path path = active_simd_path());
+
 /// Merges partial b and its unnormalized accumulator acc_b[0:d] into a and
 /// acc_a[0:d] (split-K attention, two threads' halves of a key range):
 ///   m      = max(a.max, b.max)
@@ -144,6 +149,7 @@ struct softmax_kernels {
   static void softmax_row(float* row, std::size_t n, float sink);
   static float online_softmax_block(float* scores, std::size_t n, softmax_partial& state);
   static void scale_floats(float* values, std::size_t n, float factor);
+  static void multiply_floats(float* values, const float* factors, std::size_t n);
   static void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b,
                              std::size_t d);
   static void normalize_row(const float* acc, float sum, float* out, std::size_t d);

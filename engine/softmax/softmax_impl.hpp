@@ -210,6 +210,13 @@ void softmax_kernels<Arch>::scale_floats(float* values, std::size_t n, float fac
   softmax_detail::map_blocks<Arch>(values, values, n, 0.0f, [&](const batch& v) { return v * factor_v; });
 }
 
+// multiply_floats: values[0:n] *= factors[0:n], one pass.
+template <class Arch>
+void softmax_kernels<Arch>::multiply_floats(float* values, const float* factors, std::size_t n) {
+  using batch = xsimd::batch<float, Arch>;
+  softmax_detail::map_blocks2<Arch>(values, factors, values, n, [](const batch& x, const batch& y) { return x * y; });
+}
+
 // merge_partials: acc_a[0:d], acc_b[0:d] unnormalized output rows of one
 // query over two disjoint key ranges. Factors by the same vector exp as the
 // scores, then one pass: acc_a = (acc_a * fa) + (acc_b * fb).
