@@ -65,7 +65,7 @@ struct registers {
 };
 registers cpuid_leaf(unsigned leaf, unsigned subleaf) {
   registers r;
-  if (__get_cpuid_max(0, nullptr) >= leaf) __cpuid_count(leaf, subleaf, r.eax, r.ebx, r.ecx, r.edx);
+  if (static_cast<unsigned>(__get_cpuid_max(0, nullptr)) >= leaf) __cpuid_count(leaf, subleaf, r.eax, r.ebx, r.ecx, r.edx);
   return r;
 }
 

@@ -44,7 +44,7 @@ packed_bf16_b::packed_bf16_b(std::size_t k, std::size_t n, const bf16_bits* b, s
     : k_(k), n_(n), unit_(unit), path_(fallback_path) {
   validate_b(b, ldb, trans, k, n);
   const std::size_t row_stride = trans == transpose::no ? ldb : 1, col_stride = trans == transpose::no ? 1 : ldb;
-  pack([&](std::size_t row, std::size_t col) { return b[row * row_stride + col * col_stride]; });
+  pack([&](std::size_t row, std::size_t col) { return b[row * row_stride + col * col_stride]; }, trans == transpose::yes);
 }
 
 packed_bf16_b::packed_bf16_b(std::size_t k, std::size_t n, gemm_operand b_fp32, bf16_unit unit,
@@ -53,15 +53,18 @@ packed_bf16_b::packed_bf16_b(std::size_t k, std::size_t n, gemm_operand b_fp32, 
   validate_b(b_fp32.data, b_fp32.ld, b_fp32.trans, k, n);
   const std::size_t row_stride = b_fp32.trans == transpose::no ? b_fp32.ld : 1;
   const std::size_t col_stride = b_fp32.trans == transpose::no ? 1 : b_fp32.ld;
-  pack([&](std::size_t row, std::size_t col) { return encode_bf16(b_fp32.data[row * row_stride + col * col_stride]); });
+  pack([&](std::size_t row, std::size_t col) { return encode_bf16(b_fp32.data[row * row_stride + col * col_stride]); },
+       b_fp32.trans == transpose::yes);
 }
 
 // element(row, col) gives op(B)'s bf16 element. Both layouts are blocks of
 // KC rows (in order), each cut into panels of NR columns (zero past n);
 // within a panel, the fallback stores [depth][NR], the bf16 units
-// [pairs][NR][2] (zero rows past the depth, block_pairs).
+// [pairs][NR][2] (zero rows past the depth, block_pairs). The source is read
+// along its rows (contiguous_in_k: a transposed B, as weights [out][in]
+// usually are), the writes staying within one panel of a block.
 template <class Element>
-void packed_bf16_b::pack(const Element& element) {
+void packed_bf16_b::pack(const Element& element, bool contiguous_in_k) {
   const bool pairs = unit_ != bf16_unit::fp32_fallback;
   const std::size_t nr = pairs ? bf16_nr : gemm_config_for(path_).nr;
   const std::size_t kc = pairs ? bf16_kc : gemm_config_for(path_).kc;
@@ -77,12 +80,17 @@ void packed_bf16_b::pack(const Element& element) {
   for (std::size_t k0 = 0; k0 < k_; k0 += kc) {
     const std::size_t depth = std::min(kc, k_ - k0), panel_elements = padded_depth(depth) * nr;
     bf16_bits* const block = packed + k0 * padded_n;
-    for (std::size_t row = 0; row < depth; ++row) {
-      for (std::size_t col = 0; col < n_; ++col) {
-        const std::size_t panel = col / nr, lane = col % nr;
-        const std::size_t within = pairs ? ((row / 2) * nr + lane) * 2 + row % 2 : row * nr + lane;
-        block[panel * panel_elements + within] = element(k0 + row, col);
-      }
+    auto store = [&](std::size_t row, std::size_t col) {
+      const std::size_t panel = col / nr, lane = col % nr;
+      const std::size_t within = pairs ? ((row / 2) * nr + lane) * 2 + row % 2 : row * nr + lane;
+      block[panel * panel_elements + within] = element(k0 + row, col);
+    };
+    if (contiguous_in_k) {
+      for (std::size_t col = 0; col < n_; ++col)
+        for (std::size_t row = 0; row < depth; ++row) store(row, col);
+    } else {
+      for (std::size_t row = 0; row < depth; ++row)
+        for (std::size_t col = 0; col < n_; ++col) store(row, col);
     }
   }
 }

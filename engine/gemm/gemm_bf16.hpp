@@ -100,7 +100,7 @@ class packed_bf16_b {
 
  private:
   template <class Element>
-  void pack(const Element& element);
+  void pack(const Element& element, bool contiguous_in_k);
 
   std::size_t k_, n_;
   bf16_unit unit_;
