@@ -256,6 +256,12 @@ TEST_CASE("packed_bf16_b layouts: the fallback's packed_b layout, the bf16 units
           }
         CHECK(wrong == 0);
         CHECK(nonzero_padding == 0);
+        // The same operand given transposed packs to the same bytes.
+        std::vector<bf16_bits> transposed(n * k);
+        for (std::size_t row = 0; row < k; ++row)
+          for (std::size_t col = 0; col < n; ++col) transposed[col * k + row] = b[row * n + col];
+        const packed_bf16_b from_transposed(k, n, transposed.data(), k, transpose::yes, unit);
+        CHECK(std::memcmp(from_transposed.panels(), packed.panels(), packed.bytes()) == 0);
       }
       for (simd_path path : kvhead::supported_simd_paths()) {
         const gemm_config config = gemm_config_for(path);
@@ -360,4 +366,31 @@ TEST_CASE("the active bf16 unit: the best that runs, with the reason for any bet
   if (unit != bf16_unit::amx) CHECK(!bf16_unit_reason().empty());
   MESSAGE("active bf16 unit: " << std::string(to_string(unit)) << (bf16_unit_reason().empty() ? "" : " because ")
                                 << bf16_unit_reason());
+}
+
+namespace {
+
+// Kernels standing in for broken hardware: a wrong result, an illegal instruction.
+void zero_kernel(const bf16_microkernel_params& params) {
+  for (std::size_t col = 0; col < bf16_nr; ++col) params.c[col] = 0.0f;
+}
+void illegal_kernel(const bf16_microkernel_params&) { __builtin_trap(); }
+
+bf16_kernels replaced(bf16_kernels kernels, const bf16_microkernel_function* table) {
+  kernels.kernels = table;
+  kernels.skinny = kernels.skinny != nullptr ? table : nullptr;
+  return kernels;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 self-test: the emulation passes; a wrong or faulting kernel is refused, never a crash") {
+  for (bf16_unit unit : {bf16_unit::amx, bf16_unit::avx512bf16}) {
+    CAPTURE(std::string(to_string(unit)));
+    const bf16_kernels& emulated = emulated_bf16_kernels(unit);
+    CHECK(bf16_self_test(emulated).empty());
+    std::vector<bf16_microkernel_function> zeros(emulated.mr, &zero_kernel), traps(emulated.mr, &illegal_kernel);
+    CHECK(bf16_self_test(replaced(emulated, zeros.data())) == "its self-test gave other results than the emulation");
+    CHECK(bf16_self_test(replaced(emulated, traps.data())) == "its self-test faulted (SIGILL or SIGSEGV)");
+  }
 }

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "engine/gemm/gemm_bf16.hpp"
 
@@ -84,6 +85,12 @@ struct bf16_kernels {
 /// engine/gemm/kernels_<unit>.cpp.
 const bf16_kernels& avx512bf16_kernels();
 const bf16_kernels& amx_kernels();
+
+/// The one-time self-test of a unit (bf16_units.cpp): "" when `kernels`
+/// reproduce their emulation bit for bit on a small GEMM whose partial sums
+/// are all exact, else why not — also when they raise SIGILL or SIGSEGV,
+/// which is caught (on this thread, while the test runs).
+std::string bf16_self_test(const bf16_kernels& kernels);
 
 /// gemm_bf16 through the given kernels (the hardware ones, or the scalar
 /// emulation of bf16_emulation.hpp over the same packed buffers): B must be

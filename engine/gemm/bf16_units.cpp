@@ -29,9 +29,11 @@ constexpr int xfeature_xtiledata = 18;
 sigjmp_buf self_test_escape;
 extern "C" void escape_from_fault(int) { siglongjmp(self_test_escape, 1); }
 
-// Runs run(context) on this thread; false when it raised SIGILL or SIGSEGV
-// (then abandoned: the code under test owns no resources). A frame of plain
-// data only, so that nothing lives across the jump.
+// Runs run(context) on this thread; false when it raised SIGILL or SIGSEGV.
+// The run is then abandoned without unwinding its frames: the driver owns no
+// heap memory there, only a scratch lease, whose level stays taken on this
+// thread (one buffer, kept until exit). A frame of plain data only, so that
+// nothing here lives across the jump.
 [[gnu::noinline]] bool runs_without_fault(void (*run)(void*), void* context) {
   struct sigaction guard {}, old_ill {}, old_segv {};
   guard.sa_handler = escape_from_fault;
@@ -48,37 +50,42 @@ extern "C" void escape_from_fault(int) { siglongjmp(self_test_escape, 1); }
   return !faulted;
 }
 
-// "" when `kernels` reproduce their emulation bit for bit on a GEMM whose
-// every partial sum is exact (small integers: any order gives the same
-// bits), with every edge of the driver (row and column remainders, a
-// partial pair step); else what went wrong. Runs on this thread only.
-std::string self_test(const bf16_kernels& kernels) {
-  const std::size_t m = kernels.mr + 3, n = bf16_nr + 9, k = 2 * 16 + 7;
-  std::vector<float> a(m * k), b(k * n), hardware(m * n), emulated(m * n);
+}  // namespace
+
+// Exact sums (small integers: any order gives the same bits), every edge of
+// the driver (row and column remainders, a partial pair step) and, with 1
+// row, the skinny kernels. Runs on this thread only.
+std::string bf16_self_test(const bf16_kernels& kernels) {
+  const std::size_t rows = kernels.mr + 3, n = bf16_nr * (kernels.skinny_panels + 1) + 9, k = 2 * 16 + 7;
+  std::vector<float> a(rows * k), b(k * n), hardware(rows * n), emulated(rows * n);
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = float(int(i * 7 % 9) - 4);
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = float(int(i * 5 % 11) - 5);
   const packed_bf16_b packed(k, n, gemm_operand{b.data(), n, transpose::no}, kernels.unit);
   const gemm_serial_scope serial;  // the fault guard covers this thread only
-  struct hardware_run {
-    const bf16_kernels& kernels;
-    gemm_shape shape;
-    const float* a;
-    const packed_bf16_b& b;
-    float* c;
-  } run{kernels, {m, n, k}, a.data(), packed, hardware.data()};
-  const bool ran = runs_without_fault(
-      [](void* context) {
-        const hardware_run& r = *static_cast<const hardware_run*>(context);
-        gemm_bf16_with(r.kernels, r.shape, {r.a, r.shape.k, transpose::no}, r.b, 0.0f, r.c, r.shape.n);
-      },
-      &run);
-  if (!ran) return "its self-test faulted (SIGILL or SIGSEGV)";
-  gemm_bf16_with(emulated_bf16_kernels(kernels.unit), {m, n, k}, {a.data(), k, transpose::no}, packed, 0.0f,
-                 emulated.data(), n);
-  if (std::memcmp(hardware.data(), emulated.data(), hardware.size() * sizeof(float)) != 0)
-    return "its self-test gave other results than the emulation";
+  for (const std::size_t m : {std::size_t{1}, rows}) {
+    struct hardware_run {
+      const bf16_kernels& kernels;
+      gemm_shape shape;
+      const float* a;
+      const packed_bf16_b& b;
+      float* c;
+    } run{kernels, {m, n, k}, a.data(), packed, hardware.data()};
+    const bool ran = runs_without_fault(
+        [](void* context) {
+          const hardware_run& r = *static_cast<const hardware_run*>(context);
+          gemm_bf16_with(r.kernels, r.shape, {r.a, r.shape.k, transpose::no}, r.b, 0.0f, r.c, r.shape.n);
+        },
+        &run);
+    if (!ran) return "its self-test faulted (SIGILL or SIGSEGV)";
+    gemm_bf16_with(emulated_bf16_kernels(kernels.unit), {m, n, k}, {a.data(), k, transpose::no}, packed, 0.0f,
+                   emulated.data(), n);
+    if (std::memcmp(hardware.data(), emulated.data(), m * n * sizeof(float)) != 0)
+      return "its self-test gave other results than the emulation";
+  }
   return {};
 }
+
+namespace {
 
 // Why `unit` cannot run here ("" when it can), decided once per unit.
 std::string refusal(bf16_unit unit) {
@@ -89,11 +96,11 @@ std::string refusal(bf16_unit unit) {
       if (syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) != 0)
         return std::string("Linux refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM: ") +
                std::strerror(errno) + ")";
-      return self_test(amx_kernels());
+      return bf16_self_test(amx_kernels());
     }
     case bf16_unit::avx512bf16:
       if (!hardware.avx512bf16_missing.empty()) return hardware.avx512bf16_missing;
-      return self_test(avx512bf16_kernels());
+      return bf16_self_test(avx512bf16_kernels());
     case bf16_unit::fp32_fallback:
       break;
   }
