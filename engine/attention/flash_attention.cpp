@@ -10,6 +10,7 @@
 
 #include "engine/arch/kernel_config.hpp"
 #include "engine/arch/scratch.hpp"
+#include "engine/gemm/stored_element.hpp"
 #include "engine/gemm/pack.hpp"
 #include "engine/scheduler/split_schedule.hpp"
 #include "engine/softmax/softmax.hpp"
@@ -204,6 +205,8 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     online_softmax_block(p, visible(row / group), state, tile.path);
     max[row] = state.max;
     sum[row] = state.sum;
+    if (tile.precision == precision::bf16)
+      for (std::size_t j = 0; j < visible(row / group); ++j) p[j] = round_to_bf16(p[j]);
     if (views[0].value_scales != nullptr)
       for (std::size_t first = 0, s = 0; first < visible(row / group); first += segment_keys, ++s)
         for (std::size_t j = 0; j < std::min(segment_keys, visible(row / group) - first); ++j)
@@ -428,7 +431,7 @@ void flash_attention(const attention_problem& problem) {
                          problem.out.seq_stride, kv_head, group, dims.head_dim, position0,
                          std::min(positions, dims.q_len - position0), problem.q_offset,
                          problem.valid_len != nullptr ? problem.valid_len[batch] : dims.kv_len, problem.causal,
-                         problem.additive_mask, dims.kv_len, problem.scale, problem.path});
+                         problem.additive_mask, dims.kv_len, problem.scale, problem.path, problem.precision});
         work->source_index.push_back(batch * dims.num_kv_heads + kv_head);
       }
   // 1. K and V of every (batch, kv head), as far as its last query sees: Kᵀ

@@ -16,6 +16,7 @@
 //        s = scale * q kᵀ (+ additive mask)        GEMM, one element per (row, key)
 //        (max, sum), p = online_softmax_block over the row's visible keys of
 //                        the chunk, from an empty state
+//        (bf16 precision: p rounded to bf16 here, per element)
 //        acc = p v over those visible keys           GEMM, depth = visible count
 //      The GEMM does the same arithmetic per element for one row as for many
 //      (engine/gemm/gemm.hpp), and the softmax kernels are per row.
@@ -91,6 +92,9 @@ struct attention_tile {
   std::size_t mask_ld;
   float scale;
   simd_path path;
+  /// bf16: each probability rounded to bf16 before p v (the row's sum and
+  /// max stay those of the fp32 softmax); q, k and v come rounded already.
+  kvhead::precision precision = kvhead::precision::f32;
 
   /// Keys [0, visible_end(i)) are visible to query row i (before the additive mask).
   std::size_t visible_end(std::size_t row) const;
@@ -124,6 +128,7 @@ struct attention_problem {
   const std::size_t* valid_len;  // null: kv_len
   const float* additive_mask;    // [q_len, kv_len] or null
   simd_path path;
+  kvhead::precision precision = kvhead::precision::f32;  // attention_tile::precision
 };
 
 /// Packs Kᵀ once per (batch, kv head, chunk) into the calling thread's

@@ -35,10 +35,11 @@ inline void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vecto
 /// out = causal attention of q (after RoPE) over each sequence's cached keys
 /// [0, length), rows of sequence e at absolute positions past.., in parallel
 /// over (sequence, kv head, query tile). Row r's head h is at q + r *
-/// q_row_stride + h * head_dim; out is dense [rows, H, head_dim].
+/// q_row_stride + h * head_dim; out is dense [rows, H, head_dim]. Precision
+/// bf16: the probabilities rounded to bf16 for p v (attention_tile).
 void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
                       std::size_t num_heads, const float* q, std::size_t q_row_stride, float* out, float scale,
-                      simd_path path);
+                      simd_path path, kvhead::precision precision = kvhead::precision::f32);
 
 /// The same, for a dense q [rows, H, head_dim] (as the decode benchmarks hold it).
 inline void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,

@@ -48,6 +48,13 @@ enum class kv_dtype { f32, bf16, f16, int8 };
 /// "f32", "bf16", "f16" or "int8".
 KVHEAD_API const char* to_string(kv_dtype dtype);
 
+/// How an attention_layer computes (attention.hpp, attention_config::precision):
+/// f32 throughout, or bf16 weights and GEMM inputs with fp32 accumulation.
+enum class precision { f32, bf16 };
+
+/// "f32" or "bf16".
+KVHEAD_API const char* to_string(precision value);
+
 /// The path kvhead uses (best supported, or KVHEAD_ISA; avx512 for
 /// KVHEAD_ISA=amx or avx512bf16). Throws std::runtime_error when KVHEAD_ISA
 /// is unknown or above what the CPU runs.
