@@ -8,10 +8,11 @@
 // (before the residual add); attention is causal and every sequence starts at
 // position 0. Families: llama (RoPE scaling default, linear, llama3, yarn),
 // mistral, qwen2, qwen3 (QK-norm), phi3 (fused qkv_proj, partial rotary) and
-// gemma2's full-attention layers; weights F32, F16 or BF16, widened to f32 at
-// load. What kvhead does not implement (sliding-window layers, logit
-// soft-capping, attention sinks, rope types "dynamic" and "longrope", MLA,
-// another model_type) is an error naming the field, never an approximation.
+// gemma2's full-attention layers; weights F32, F16 or BF16 (BF16 kept as
+// bf16 for attention_config::precision bf16, else widened to f32 exactly).
+// What kvhead does not implement (sliding-window layers, logit soft-capping,
+// attention sinks, rope types "dynamic" and "longrope", MLA, another
+// model_type) is an error naming the field, never an approximation.
 // README's "Model folders" section lists the fields read.
 //
 // Errors: std::runtime_error with one line "<file>: <problem>" (no folder, no
@@ -34,5 +35,9 @@ KVHEAD_API attention_config model_layer_config(const std::string& folder, std::s
 
 /// Layer `layer` of the model folder, its weights loaded and packed.
 KVHEAD_API attention_layer load_model_layer(const std::string& folder, std::size_t layer);
+
+/// The same, computing in `compute` (attention_config::precision): with bf16,
+/// a BF16 checkpoint's weights are packed as they are, never widened.
+KVHEAD_API attention_layer load_model_layer(const std::string& folder, std::size_t layer, precision compute);
 
 }  // namespace kvhead
