@@ -29,7 +29,7 @@ inline benchmark::Counter rate(double amount) {
 
 // The limit that bounds a benchmark: the FMA peak (compute-bound, reported as
 // pct_peak) or the DRAM read bandwidth (memory-bound, pct_dram).
-enum class bound_by { fma_peak, dram_read };
+enum class bound_by { fma_peak, bf16_peak, dram_read };
 
 // Per-iteration flops and bytes as gflops and gbps, and the rate of the
 // bounding one in percent of that limit at the benchmark's thread count.
@@ -38,6 +38,8 @@ inline void set_rates(benchmark::State& state, double flops, double bytes, bound
   state.counters["gbps"] = rate(bytes * 1e-9);
   if (limit == bound_by::fma_peak) {
     state.counters["pct_peak"] = rate(flops * 1e-9 / fma_peak_gflops(threads) * 100.0);
+  } else if (limit == bound_by::bf16_peak) {
+    state.counters["pct_peak"] = rate(flops * 1e-9 / bf16_peak_gflops(threads) * 100.0);
   } else {
     state.counters["pct_dram"] = rate(bytes * 1e-9 / dram_read_gbps(threads) * 100.0);
   }

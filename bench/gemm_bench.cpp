@@ -1,13 +1,18 @@
 // GEMM: kvhead (packing included, as OpenBLAS), kvhead with B pre-packed (as
-// for weights), and OpenBLAS cblas_sgemm at the same thread count.
-// Names: gemm/M:<m>/N:<n>/K:<k>/threads:<t>, gemm_prepacked/..., gemm_openblas/...
-// Counters: gflops, gbps (A, B and C once), pct_peak.
+// for weights), OpenBLAS cblas_sgemm at the same thread count, and the bf16
+// GEMM with B pre-packed in bf16 (weights; A rounded as it is packed) on the
+// bf16 unit in use.
+// Names: gemm/M:<m>/N:<n>/K:<k>/threads:<t>, gemm_prepacked/..., gemm_openblas/...,
+// gemm_bf16/...
+// Counters: gflops, gbps (A, B and C once; B at 2 bytes for gemm_bf16),
+// pct_peak (of the FMA peak; of the bf16 unit's peak for gemm_bf16).
 #include <cblas.h>
 
 #include <tbb/task_arena.h>
 
 #include "bench/bench_util.hpp"
 #include "engine/gemm/gemm.hpp"
+#include "engine/gemm/gemm_bf16.hpp"
 
 namespace {
 
@@ -66,6 +71,21 @@ void gemm_openblas(benchmark::State& state) {
   in.report(state);
 }
 
+void gemm_bf16_prepacked(benchmark::State& state) {
+  gemm_inputs in(state);
+  const packed_bf16_b packed(in.k, in.n, gemm_operand{in.b.data(), in.n, transpose::no});
+  tbb::task_arena arena(int(state.range(3)));
+  for (auto _ : state) {
+    arena.execute(
+        [&] { gemm_bf16({in.m, in.n, in.k}, {in.a.data(), in.k, transpose::no}, packed, 0.0f, in.c.data(), in.n); });
+    benchmark::DoNotOptimize(in.c.data());
+  }
+  kvhead::bench::set_rates(state, 2.0 * double(in.m) * double(in.n) * double(in.k),
+                           4.0 * double(in.m * in.k + in.m * in.n) + 2.0 * double(in.k * in.n),
+                           kvhead::bench::bound_by::bf16_peak, int(state.range(3)));
+  state.SetLabel(to_string(active_bf16_unit()));
+}
+
 // Square sizes and the attention shapes of the foundation issue, at 1 and 2 threads.
 void gemm_shapes(benchmark::internal::Benchmark* bench) {
   bench->ArgNames({"M", "N", "K", "threads"});
@@ -84,3 +104,4 @@ void gemm_shapes(benchmark::internal::Benchmark* bench) {
 BENCHMARK(gemm_kvhead)->Name("gemm")->Apply(gemm_shapes);
 BENCHMARK(gemm_prepacked)->Name("gemm_prepacked")->Apply(gemm_shapes);
 BENCHMARK(gemm_openblas)->Name("gemm_openblas")->Apply(gemm_shapes);
+BENCHMARK(gemm_bf16_prepacked)->Name("gemm_bf16")->Apply(gemm_shapes);

@@ -13,6 +13,7 @@
 #include <tbb/parallel_for.h>
 
 #include "engine/arch/aligned_buffer.hpp"
+#include "engine/gemm/gemm_bf16.hpp"
 #include "kvhead/config.hpp"
 
 namespace kvhead::bench {
@@ -122,6 +123,79 @@ void fma_chains_sse2(std::uint64_t loops) {
         "xmm12");
 }
 
+// The bf16 units' peaks, in the same manner. vdpbf16ps: 12 zmm chains, each
+// 16 lanes x 2 products x 2 flops. tdpbf16ps: 4 independent accumulator
+// tiles (tmm0-3) from zeroed A and B tiles (tmm4-7), each 16 x 16 x 32 x 2
+// flops; the tile configuration is this thread's for the run (loaded, then
+// released).
+void dot_chains_avx512bf16(std::uint64_t loops) {
+  asm volatile(
+      "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
+      "vmovaps %%zmm0, %%zmm1\n\t"
+      "vmovaps %%zmm0, %%zmm2\n\t"
+      "vmovaps %%zmm0, %%zmm3\n\t"
+      "vmovaps %%zmm0, %%zmm4\n\t"
+      "vmovaps %%zmm0, %%zmm5\n\t"
+      "vmovaps %%zmm0, %%zmm6\n\t"
+      "vmovaps %%zmm0, %%zmm7\n\t"
+      "vmovaps %%zmm0, %%zmm8\n\t"
+      "vmovaps %%zmm0, %%zmm9\n\t"
+      "vmovaps %%zmm0, %%zmm10\n\t"
+      "vmovaps %%zmm0, %%zmm11\n\t"
+      "vmovaps %%zmm0, %%zmm12\n\t"
+      "vmovaps %%zmm0, %%zmm13\n\t"
+      "1:\n\t"
+      "vdpbf16ps %%zmm13, %%zmm12, %%zmm0\n\t"
+      "vdpbf16ps %%zmm13, %%zmm12, %%zmm1\n\t"
+      "vdpbf16ps %%zmm13, %%zmm12, %%zmm2\n\t"
+      "vdpbf16ps %%zmm13, %%zmm12, %%zmm3\n\t"
+      "vdpbf16ps %%zmm13, %%zmm12, %%zmm4\n\t"
+      "vdpbf16ps %%zmm13, %%zmm12, %%zmm5\n\t"
+      "vdpbf16ps %%zmm13, %%zmm12, %%zmm6\n\t"
+      "vdpbf16ps %%zmm13, %%zmm12, %%zmm7\n\t"
+      "vdpbf16ps %%zmm13, %%zmm12, %%zmm8\n\t"
+      "vdpbf16ps %%zmm13, %%zmm12, %%zmm9\n\t"
+      "vdpbf16ps %%zmm13, %%zmm12, %%zmm10\n\t"
+      "vdpbf16ps %%zmm13, %%zmm12, %%zmm11\n\t"
+      "dec %[loops]\n\t"
+      "jnz 1b\n\t"
+      "vzeroupper"
+      : [loops] "+r"(loops)
+      :
+      : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+        "xmm12", "xmm13");
+}
+
+void tile_chains_amx(std::uint64_t loops) {
+  // ldtilecfg's operand: palette 1, 8 tiles of 16 rows x 64 bytes.
+  alignas(64) std::uint8_t config[64] = {1};
+  for (int tile = 0; tile < 8; ++tile) {
+    config[16 + 2 * tile] = 64;
+    config[48 + tile] = 16;
+  }
+  asm volatile(
+      "ldtilecfg %[config]\n\t"
+      "tilezero %%tmm0\n\t"
+      "tilezero %%tmm1\n\t"
+      "tilezero %%tmm2\n\t"
+      "tilezero %%tmm3\n\t"
+      "tilezero %%tmm4\n\t"
+      "tilezero %%tmm5\n\t"
+      "tilezero %%tmm6\n\t"
+      "tilezero %%tmm7\n\t"
+      "1:\n\t"
+      "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
+      "tdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
+      "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"
+      "tdpbf16ps %%tmm7, %%tmm5, %%tmm3\n\t"
+      "dec %[loops]\n\t"
+      "jnz 1b\n\t"
+      "tilerelease"
+      : [loops] "+r"(loops)
+      : [config] "m"(config)
+      : "cc");
+}
+
 struct fma_kernel {
   void (*chains)(std::uint64_t loops);
   double flops_per_loop;  // 12 instructions x lanes, x 2 for an FMA
@@ -131,6 +205,12 @@ fma_kernel fma_kernel_for(simd_path path) {
   if (path == simd_path::avx512) return {fma_chains_avx512, 12 * 16 * 2};
   if (path == simd_path::avx2) return {fma_chains_avx2, 12 * 8 * 2};
   return {fma_chains_sse2, 12 * 4};
+}
+
+fma_kernel bf16_kernel_for(engine::bf16_unit unit) {
+  if (unit == engine::bf16_unit::amx) return {tile_chains_amx, 4 * 16 * 16 * 32 * 2};
+  if (unit == engine::bf16_unit::avx512bf16) return {dot_chains_avx512bf16, 12 * 16 * 2 * 2};
+  return fma_kernel_for(active_simd_path());
 }
 
 // 1 GiB of floats, touched once, alive for the whole process.
@@ -203,6 +283,19 @@ double limit_kernels::fma_flops() {
   return kernel.flops_per_loop * double(fma_loops) * threads_;
 }
 
+double limit_kernels::bf16_flops(engine::bf16_unit unit) {
+  const fma_kernel kernel = bf16_kernel_for(unit);
+  // AMX runs 16384 flops per instruction: fewer trips for a run of a few ms.
+  const std::uint64_t loops = unit == engine::bf16_unit::amx ? fma_loops / 16 : fma_loops;
+  arena_.execute([&] {
+    tbb::parallel_for(
+        0, threads_, [&](int) { kernel.chains(loops); }, tbb::static_partitioner{});
+  });
+  return kernel.flops_per_loop * double(loops) * threads_;
+}
+
+double limit_kernels::active_bf16_flops() { return bf16_flops(engine::active_bf16_unit()); }
+
 double limit_kernels::dram_bytes() {
   const float* buffer = dram_buffer();
   const std::size_t slice = dram_floats / std::size_t(threads_) / 32 * 32;
@@ -226,6 +319,11 @@ double fma_peak_gflops(int threads) {
 double dram_read_gbps(int threads) {
   static std::map<int, double> measured;
   return cached_limit(measured, threads, &limit_kernels::dram_bytes);
+}
+
+double bf16_peak_gflops(int threads) {
+  static std::map<int, double> measured;
+  return cached_limit(measured, threads, &limit_kernels::active_bf16_flops);
 }
 
 }  // namespace kvhead::bench

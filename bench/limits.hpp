@@ -5,11 +5,15 @@
 //              sse2, which has no FMA), in inline asm, so the instructions are
 //              exactly these whatever the compiler flags. 12 chains cover
 //              latency x ports on Zen (4 x 2) and Intel (4 x 2);
+//   bf16 peak  the same for the bf16 GEMM unit in use (engine/gemm/gemm_bf16.hpp):
+//              12 zmm vdpbf16ps chains (avx512bf16), 4 independent AMX
+//              accumulator tiles under tdpbf16ps (amx), or the FMA peak (the
+//              fp32 fallback runs the fp32 kernels);
 //   DRAM read  a streaming read of a 1 GiB buffer on 2 MiB pages (the
 //              engine's aligned_buffer, as the KV pool), touched once first.
 // Both run on the threads of a tbb::task_arena, one slice of the work each.
 //
-// fma_peak_gflops(t) and dram_read_gbps(t) are the limits the other benchmarks
+// fma_peak_gflops(t), bf16_peak_gflops(t) and dram_read_gbps(t) are the limits the other benchmarks
 // report their pct_peak and pct_dram against: measured once per thread count,
 // on first use, over about 0.3 s (the best of the runs in that time: noise
 // only slows a run), then
@@ -17,6 +21,8 @@
 #pragma once
 
 #include <tbb/task_arena.h>
+
+#include "engine/gemm/gemm_bf16.hpp"
 
 namespace kvhead::bench {
 
@@ -26,6 +32,9 @@ class limit_kernels {
 
   /// One run of the FMA chains on every thread: floating-point operations done.
   double fma_flops();
+  /// One run of `unit`'s peak kernel (it must run here) on every thread: flops done.
+  double bf16_flops(engine::bf16_unit unit);
+  double active_bf16_flops();
   /// One pass over the DRAM buffer, split among the threads: bytes read.
   double dram_bytes();
 
@@ -35,6 +44,7 @@ class limit_kernels {
 };
 
 double fma_peak_gflops(int threads);
+double bf16_peak_gflops(int threads);
 double dram_read_gbps(int threads);
 
 }  // namespace kvhead::bench

@@ -1,6 +1,10 @@
 // This machine's limits as benchmarks of their own (kernels in bench/limits.hpp):
 //   limit_fma_peak/threads:<t>   12 FMA chains per thread on the active SIMD
 //                                path; counter gflops;
+//   limit_avx512bf16/threads:<t>, limit_amx_bf16/threads:<t>   the bf16 units'
+//                                peak kernels (limits.hpp); counter gflops;
+//                                skipped with the reason where the unit does
+//                                not run;
 //   limit_dram_read/threads:<t>  one streaming pass over 1 GiB split among t
 //                                threads; counter gbps.
 #include "bench/bench_util.hpp"
@@ -15,6 +19,22 @@ void limit_fma_peak(benchmark::State& state) {
   state.counters["gflops"] = kvhead::bench::rate(flops * 1e-9);
 }
 
+void limit_bf16_unit(benchmark::State& state, kvhead::engine::bf16_unit unit) {
+  if (!kvhead::engine::bf16_unit_runs_here(unit)) {
+    state.SkipWithError(("skipped: " + kvhead::engine::bf16_unit_refusal(unit)).c_str());
+    for (auto _ : state) {
+    }
+    return;
+  }
+  kvhead::bench::limit_kernels kernels(int(state.range(0)));
+  double flops = 0.0;
+  for (auto _ : state) flops = kernels.bf16_flops(unit);
+  state.counters["gflops"] = kvhead::bench::rate(flops * 1e-9);
+}
+
+void limit_avx512bf16(benchmark::State& state) { limit_bf16_unit(state, kvhead::engine::bf16_unit::avx512bf16); }
+void limit_amx_bf16(benchmark::State& state) { limit_bf16_unit(state, kvhead::engine::bf16_unit::amx); }
+
 void limit_dram_read(benchmark::State& state) {
   kvhead::bench::limit_kernels kernels(int(state.range(0)));
   double bytes = 0.0;
@@ -25,4 +45,6 @@ void limit_dram_read(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(limit_fma_peak)->Name("limit_fma_peak")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(limit_avx512bf16)->Name("limit_avx512bf16")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(limit_amx_bf16)->Name("limit_amx_bf16")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(limit_dram_read)->Name("limit_dram_read")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();

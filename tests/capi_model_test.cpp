@@ -242,3 +242,56 @@ TEST_CASE("C API variants: a folder's soft-capping and sinks as in C++, and logi
   CHECK(std::string(kvh_last_error()).find("sinks[2]") != std::string::npos);
   CHECK(layer == nullptr);
 }
+
+TEST_CASE("C API precision: bf16 layers equal kvhead::load_model_layer's, decode as they forward, within 2e-2 of f32") {
+  const std::string qwen3 = std::string(KVHEAD_MODELS_DIR) + "/qwen3_qk_norm";  // BF16 weights, kept as bf16
+  for (const std::string& folder : {llama3, qwen3}) {
+    CAPTURE(folder);
+    const int32_t index = 1;
+    const kvhead::attention_config config = kvhead::model_layer_config(folder, index);
+    kvh_layer_options options = defaults();
+    CHECK(options.precision == KVH_PRECISION_F32);
+    kvh_layer *f32 = nullptr, *bf16 = nullptr;
+    REQUIRE_MESSAGE(kvh_layer_open_model(folder.c_str(), index, &options, &f32) == KVH_OK, kvh_last_error());
+    options.precision = KVH_PRECISION_BF16;
+    REQUIRE_MESSAGE(kvh_layer_open_model(folder.c_str(), index, &options, &bf16) == KVH_OK, kvh_last_error());
+    const kvhead::attention_layer cpp_layer = kvhead::load_model_layer(folder, index, kvhead::precision::bf16);
+    CHECK(cpp_layer.config().precision == kvhead::precision::bf16);
+
+    constexpr std::size_t tokens = 9;
+    const std::size_t d_model = config.d_model;
+    std::mt19937 random(5);
+    const std::vector<float> x = kvhead::testing::random_values(tokens * d_model, random, 1.0f);
+    std::vector<float> y32(x.size()), y16(x.size()), cpp_out(x.size()), decoded(x.size());
+    REQUIRE(kvh_layer_forward(f32, x.data(), 1, tokens, 1, y32.data()) == KVH_OK);
+    REQUIRE(kvh_layer_forward(bf16, x.data(), 1, tokens, 1, y16.data()) == KVH_OK);
+    cpp_layer.forward(x.data(), 1, tokens, cpp_out.data());
+    CHECK(same_bits(y16, cpp_out));
+    float largest = 0.0f, difference = 0.0f;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      largest = std::max(largest, std::abs(y32[i]));
+      difference = std::max(difference, std::abs(y16[i] - y32[i]));
+    }
+    CHECK(difference <= 2e-2f * largest);
+    CHECK(difference > 0.0f);
+
+    kvh_cache* cache = nullptr;
+    REQUIRE(kvh_cache_create(bf16, std::size_t{8} << 20, &cache) == KVH_OK);
+    int64_t id = 0;
+    REQUIRE(kvh_sequence_create(cache, &id) == KVH_OK);
+    for (std::size_t t = 0; t < tokens; ++t) {
+      const int64_t one = 1;
+      REQUIRE(kvh_decode(bf16, cache, &id, &one, 1, x.data() + t * d_model, decoded.data() + t * d_model) == KVH_OK);
+    }
+    CHECK(same_bits(decoded, y16));
+    kvh_cache_destroy(cache);
+    kvh_layer_close(bf16);
+    kvh_layer_close(f32);
+  }
+  kvh_layer_options options = defaults();
+  options.precision = 2;
+  kvh_layer* layer = nullptr;
+  CHECK(kvh_layer_open_model(llama3.c_str(), 0, &options, &layer) == KVH_ERR_INVALID_ARGUMENT);
+  CHECK(layer == nullptr);
+  CHECK(std::string(kvh_last_error()).find("options->precision = 2") != std::string::npos);
+}

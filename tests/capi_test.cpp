@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -248,6 +249,9 @@ TEST_CASE("C API: bad input gives its status, a message naming the problem, and 
       {"open: threads -1",
        [&] { return kvh_layer_open(path.c_str(), with([](auto& o) { o.threads = -1; }), &out_layer); },
        KVH_ERR_INVALID_ARGUMENT, "threads = -1"},
+      {"open: precision -1",
+       [&] { return kvh_layer_open(path.c_str(), with([](auto& o) { o.precision = -1; }), &out_layer); },
+       KVH_ERR_INVALID_ARGUMENT, "options->precision = -1"},
       {"open: options not initialized",
        [&] { return kvh_layer_open(path.c_str(), with([](auto& o) { o.struct_size = 0; }), &out_layer); },
        KVH_ERR_INVALID_ARGUMENT, "kvh_layer_options_init"},
@@ -622,6 +626,14 @@ TEST_CASE("C API: options ABI, struct_size and kvh_layer_options_init") {
   CHECK(options.kv_dtype == KVH_KV_F32);
   CHECK(options.logit_softcap == 0.0f);
   CHECK(options.sinks == nullptr);
+  CHECK(options.precision == KVH_PRECISION_F32);
+  // A program built before `precision` was added: its bytes are left alone
+  // (the library reads the field as its default, f32).
+  std::memset(&options, 0xab, sizeof options);
+  kvh_layer_options_init_sized(&options, offsetof(kvh_layer_options, precision));
+  CHECK(options.kv_dtype == KVH_KV_F32);
+  CHECK(options.sinks == nullptr);
+  CHECK(options.precision == int32_t(0xabababab));
   std::memset(&options, 0xab, sizeof options);
   (kvh_layer_options_init)(&options);  // the exported function, as ctypes calls it
   CHECK(options.struct_size == sizeof(kvh_layer_options));

@@ -1,5 +1,5 @@
 # Fails when an ISA object (engine/arch/<isa>.cpp or engine/gemm/kernels_<isa>.cpp,
-# built with that ISA's flags)
+# built with that ISA's flags, including the bf16 units amx and avx512bf16)
 # defines a weak or unique function that is not one of kvhead's own kernels
 # for that ISA. Such a function (std::copy, an xsimd helper, any inline
 # function or template instantiated there) has copies in other objects built
@@ -12,13 +12,17 @@
 # personality reference, static kernel tables) is not code and is not checked.
 #
 #   cmake -DOBJECTS="<objects>" -P check_isa_symbols.cmake
+# The bf16 units' kernels (gemm/kernels_amx.cpp, gemm/kernels_avx512bf16.cpp)
+# are local to their TUs: no weak function may appear there at all.
+set(arch_of_amx "<no weak function: the kernels are local>")
+set(arch_of_avx512bf16 "<no weak function: the kernels are local>")
 set(arch_of_avx512 "xsimd::avx512bw")
 set(arch_of_avx2 "xsimd::fma3<xsimd::avx2>")
 set(arch_of_sse2 "xsimd::sse2")
 set(checked 0)
 set(problems "")
 foreach(object IN LISTS OBJECTS)
-  if(NOT object MATCHES "/(arch/|gemm/kernels_)(avx512|avx2|sse2)\\.cpp\\.o$")
+  if(NOT object MATCHES "/(arch/|gemm/kernels_)(amx|avx512bf16|avx512|avx2|sse2)\\.cpp\\.o$")
     continue()
   endif()
   set(arch "${arch_of_${CMAKE_MATCH_2}}")
@@ -55,6 +59,9 @@ foreach(object IN LISTS OBJECTS)
 endforeach()
 if(checked EQUAL 0)
   message(FATAL_ERROR "no ISA object (arch/<isa>.cpp.o, gemm/kernels_<isa>.cpp.o) among: ${OBJECTS}")
+endif()
+if(checked LESS 8)
+  message(FATAL_ERROR "only ${checked} of the 8 ISA objects found among: ${OBJECTS}")
 endif()
 if(problems)
   message(FATAL_ERROR "weak functions in ISA objects that other objects may also define:${problems}")

@@ -151,22 +151,59 @@ TEST_CASE("demo_kv_dtype_prints_bytes_per_token_and_all_prints_the_table") {
   });
   REQUIRE(header != text.end());
   REQUIRE(text.end() - header >= 5);
-  // dtype, tokens/s, bytes/token, cache MiB, max |diff| relative; f32 first (difference 0).
+  // precision, dtype, tokens/s, bytes/token, cache MiB, max |diff| relative; f32 first (difference 0).
   const char* names[] = {"f32", "bf16", "f16", "int8"};
   const double ceilings[] = {0.0, 1e-2, 2e-3, 3e-2};
   const std::size_t bytes[] = {1024, 512, 512, 256 + 32};
   for (std::size_t i = 0; i < 4; ++i) {
     std::istringstream row(header[std::ptrdiff_t(i + 1)]);
-    std::string name;
+    std::string compute, name;
     double tokens_per_second = 0.0, mib = 0.0, difference = -1.0;
     std::size_t bytes_per_token = 0;
-    row >> name >> tokens_per_second >> bytes_per_token >> mib >> difference;
+    row >> compute >> name >> tokens_per_second >> bytes_per_token >> mib >> difference;
     CAPTURE(name);
+    CHECK(compute == "f32");
     CHECK(name == names[i]);
     CHECK(tokens_per_second > 0.0);
     CHECK(bytes_per_token == bytes[i]);
     CHECK(difference >= 0.0);
     CHECK(difference <= ceilings[i]);
+  }
+}
+
+TEST_CASE("demo_precision_all_prints_both_runs_each_with_its_bit_for_bit_check") {
+  // bf16 layers over an f32 cache: the cache stores the rounded K/V the
+  // cache-free forward computes, so the recomputed outputs stay identical.
+  const std::vector<std::string> model = {"--layers",   "2",  "--d-model", "64", "--heads",  "4",  "--kv-heads", "2",
+                                          "--head-dim", "16", "--prompt",  "40", "--tokens", "20", "--threads",  "1"};
+  const cli_result all = run_kvhead(with(with({"demo"}, model), {"--precision", "all"}));
+  INFO("stdout: " << all.out);
+  INFO("stderr: " << all.err);
+  CHECK(all.exit_code == 0);
+  CHECK(mentions(all.out, "precision bf16 (weights 48.0 KiB in all)"));  // 2 layers x 2 (4 + 2) 16 x 64 x 2 bytes
+  const std::vector<std::string> text = lines(all.out);
+  CHECK(std::count_if(text.begin(), text.end(), [](const std::string& line) {
+          return mentions(line, "cached and recomputed outputs: identical");
+        }) == 2);
+  const auto header = std::find_if(text.begin(), text.end(), [](const std::string& line) {
+    return mentions(line, "precision") && mentions(line, "tokens/s") && mentions(line, "weight MiB");
+  });
+  REQUIRE(header != text.end());
+  REQUIRE(text.end() - header >= 3);
+  const char* names[] = {"f32", "bf16"};
+  for (std::size_t i = 0; i < 2; ++i) {
+    std::istringstream row(header[std::ptrdiff_t(i + 1)]);
+    std::string compute, dtype;
+    double tokens_per_second = 0.0, mib = 0.0, difference = -1.0;
+    std::size_t bytes_per_token = 0;
+    row >> compute >> dtype >> tokens_per_second >> bytes_per_token >> mib >> difference;
+    CAPTURE(compute);
+    CHECK(compute == names[i]);
+    CHECK(dtype == "f32");
+    CHECK(tokens_per_second > 0.0);
+    CHECK(difference >= 0.0);
+    CHECK(difference <= (i == 0 ? 0.0 : 2e-2));  // the bf16 layer's ceiling (attention.hpp)
+    if (i == 1) CHECK(difference > 0.0);         // bf16 really rounds
   }
 }
 
@@ -208,6 +245,8 @@ TEST_CASE("demo_usage_errors") {
       {{"--kv-dtype", "fp8"}, "--kv-dtype needs f32, bf16, f16, int8 or all, got 'fp8'"},
       {{"--kv-dtype", "ALL"}, "--kv-dtype"},
       {{"--kv-dtype"}, "--kv-dtype needs a value"},
+      {{"--precision", "fp16"}, "--precision needs f32, bf16 or all, got 'fp16'"},
+      {{"--precision", "BF16"}, "--precision"},
       {{"extra"}, "'extra'"},
   };
   for (const bad& c : cases) {

@@ -28,7 +28,7 @@ foreach(case_dir IN LISTS golden_case_dirs)
 endforeach()
 
 add_executable(kvhead_cli_tests cli_test.cpp cli_loader_test.cpp cli_decode_test.cpp cli_demo_test.cpp
-  cli_model_test.cpp)
+  cli_model_test.cpp cli_precision_test.cpp)
 target_link_libraries(kvhead_cli_tests PRIVATE kvhead_internal kvhead_warnings doctest::doctest
   nlohmann_json::nlohmann_json)
 target_compile_definitions(kvhead_cli_tests PRIVATE

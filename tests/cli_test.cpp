@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/gemm/gemm_bf16.hpp"
 #include "engine/io/npy.hpp"
 #include "kvhead/config.hpp"
 #include "tests/cli_test_util.hpp"
@@ -348,7 +349,18 @@ TEST_CASE("output_not_writable") {
 }
 
 TEST_CASE("bad_kvhead_isa") {
-  expect_failure(golden_flags(), exit_failure, {"KVHEAD_ISA=neon", "unknown"}, {"KVHEAD_ISA=neon"});
+  expect_failure(golden_flags(), exit_failure, {"KVHEAD_ISA=neon", "unknown", "amx", "avx512bf16"},
+                 {"KVHEAD_ISA=neon"});
+  // A bf16 unit this CPU lacks is an error, as a path is (with the reason).
+  for (const engine::bf16_unit unit : {engine::bf16_unit::amx, engine::bf16_unit::avx512bf16}) {
+    if (engine::bf16_unit_runs_here(unit)) continue;
+    const std::string isa = std::string("KVHEAD_ISA=") + engine::to_string(unit);
+    expect_failure(golden_flags(), exit_failure, {isa, "cannot run"}, {isa});
+    const cli_result version = run_kvhead({"--version"}, {isa});
+    CHECK(version.exit_code == exit_failure);
+    CHECK(version.out.empty());
+    CHECK(version.err.find(isa + ": this CPU (or its OS) cannot run that bf16 unit") != std::string::npos);
+  }
 }
 
 TEST_CASE("bad_kvhead_config") {
@@ -557,6 +569,13 @@ TEST_CASE("version") {
   CHECK(result.exit_code == 0);
   CHECK(result.err.empty());
   CHECK(result.out.starts_with(std::string("kvhead ") + version()));
+  CHECK(result.out.find(std::string("bf16 unit: ") + engine::to_string(engine::active_bf16_unit())) !=
+        std::string::npos);
+  // An fp32 level of KVHEAD_ISA leaves bf16 on the fallback, and says so.
+  const cli_result limited = run_kvhead({"--version"}, {"KVHEAD_ISA=sse2"});
+  CHECK(limited.exit_code == 0);
+  CHECK(limited.out.find("bf16 unit: fp32_fallback") != std::string::npos);
+  CHECK(limited.out.find("KVHEAD_ISA=sse2 limits bf16") != std::string::npos);
 }
 
 TEST_CASE("demo_flags") {

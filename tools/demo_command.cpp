@@ -25,8 +25,9 @@
 //      back; with an f32 cache its outputs must equal the cached ones bit
 //      for bit (other dtypes: the difference is reported);
 //   6. summary, and the --csv file of per-token latencies.
-// --kv-dtype all runs 2-6 once per dtype, then prints a table comparing the
-// runs' decoded outputs with the f32 run's.
+// --kv-dtype all runs 2-6 once per dtype, --precision all once per precision
+// (both: every pair), then prints a table comparing the runs' decoded outputs
+// with the first run's (f32 layers, f32 cache).
 #include "tools/demo_command.hpp"
 
 #include <unistd.h>
@@ -60,6 +61,7 @@
 #include "tools/cli_args.hpp"
 #include "tools/kv_dtype_flag.hpp"
 #include "tools/layer_job.hpp"
+#include "tools/precision_flag.hpp"
 
 namespace kvhead::tools {
 
@@ -77,13 +79,14 @@ struct demo_options {
   std::size_t prompt = 256, tokens = 256, batch = 1, threads = 1;
   std::uint64_t seed = 42;
   std::optional<std::string> csv;
-  std::vector<kv_dtype> dtypes = {kv_dtype::f32};  // one run each (--kv-dtype all: every dtype)
+  std::vector<kv_dtype> dtypes = {kv_dtype::f32};        // one run each (--kv-dtype all: every dtype)
+  std::vector<precision> precisions = {precision::f32};  // per dtype, one run each (--precision all: both)
 };
 
 constexpr flag_spec demo_flags[] = {
-    {"--layers", true},   {"--d-model", true}, {"--heads", true},  {"--kv-heads", true},
-    {"--head-dim", true}, {"--prompt", true},  {"--tokens", true}, {"--batch", true},
-    {"--threads", true},  {"--seed", true},    {"--csv", true},    {"--kv-dtype", true},
+    {"--layers", true}, {"--d-model", true},  {"--heads", true},     {"--kv-heads", true}, {"--head-dim", true},
+    {"--prompt", true}, {"--tokens", true},   {"--batch", true},     {"--threads", true},  {"--seed", true},
+    {"--csv", true},    {"--kv-dtype", true}, {"--precision", true},
 };
 
 // ------------------------------------------------------------------ 1. flags
@@ -116,6 +119,12 @@ demo_options parse_demo_options(const parsed_flags& flags) {
       o.dtypes.assign(std::begin(kv_dtypes), std::end(kv_dtypes));
     else
       o.dtypes = {parse_kv_dtype(*dtype, "all")};
+  }
+  if (const std::optional<std::string> name = flags.value("--precision")) {
+    if (*name == "all")
+      o.precisions.assign(std::begin(precisions), std::end(precisions));
+    else
+      o.precisions = {parse_precision(*name, "all")};
   }
   if (o.heads % o.kv_heads != 0)
     throw usage_error("--kv-heads " + std::to_string(o.kv_heads) + (flags.has("--kv-heads") ? "" : " (the default)") +
@@ -231,8 +240,9 @@ void fill_normal(float* values, std::size_t count, float sigma, std::uint64_t se
 }
 
 /// The layers from the seed: streams 4 l + 0..3 are q, k, v, o of layer l.
-stack make_stack(const demo_options& o) {
+stack make_stack(const demo_options& o, precision compute) {
   attention_config config;
+  config.precision = compute;
   config.num_heads = o.heads;
   config.num_kv_heads = o.kv_heads;
   config.head_dim = o.head_dim;
@@ -306,16 +316,23 @@ void write_text_atomically(const std::string& path, const std::string& text) {
 
 // --------------------------------------------------------------- the demo
 
-/// What one decode run leaves for the --kv-dtype all table.
+/// Bytes of the stack's weights as the layers store them.
+std::size_t weight_bytes(const demo_options& o, precision compute) {
+  const std::size_t elements = floats_for({o.layers, 2 * (o.heads + o.kv_heads), o.head_dim, o.d_model});  // q, o; k, v
+  return elements * (compute == precision::bf16 ? 2 : 4);
+}
+
+/// What one decode run leaves for the --kv-dtype all / --precision all table.
 struct demo_run {
+  precision compute;
   kv_dtype dtype;
   double decode_tokens_per_second;
   std::size_t bytes_per_token, bytes_in_use;
   std::vector<float> decoded;  // every decode step's output rows [T, B, D]
 };
 
-/// Passes 2-6 over a cache of `dtype`.
-demo_run run_one(const demo_options& o, kv_dtype dtype, simd_path path, tbb::task_arena& arena) {
+/// Passes 2-6 over a cache of `dtype`, the layers computing in `compute`.
+demo_run run_one(const demo_options& o, precision compute, kv_dtype dtype, simd_path path, tbb::task_arena& arena) {
   const std::size_t B = o.batch, P = o.prompt, T = o.tokens, D = o.d_model, context = P + T;
   const std::size_t S = std::min(window, T);
 
@@ -336,9 +353,11 @@ demo_run run_one(const demo_options& o, kv_dtype dtype, simd_path path, tbb::tas
   std::printf(
       "model:  %zu attention layers, d_model %zu, %zu query heads, %zu kv heads, head_dim %zu,\n"
       "        RoPE theta %.0f, causal; weights ~ N(0, 1/%zu) from seed %llu, no biases\n"
+      "        precision %s (weights %s in all)\n"
       "        per token: h = x; h += attn(rmsnorm(h)) for each layer; next input = rmsnorm(h)\n"
       "        (rmsnorm(v) = v / sqrt(mean(v^2) + 1e-6), no weight)\n",
-      o.layers, D, o.heads, o.kv_heads, o.head_dim, rope_theta, D, (unsigned long long)o.seed);
+      o.layers, D, o.heads, o.kv_heads, o.head_dim, rope_theta, D, (unsigned long long)o.seed, to_string(compute),
+      format_bytes(weight_bytes(o, compute)).c_str());
   std::printf("run:    %zu sequence(s): prompt %zu random tokens (N(0, 1) embeddings), then %zu decoded tokens\n", B, P,
               T);
   std::printf(
@@ -351,7 +370,7 @@ demo_run run_one(const demo_options& o, kv_dtype dtype, simd_path path, tbb::tas
   std::optional<stack> model;
   const clock_type::time_point setup_start = clock_type::now();
   arena.execute([&] {
-    model.emplace(make_stack(o));
+    model.emplace(make_stack(o, compute));
     // The prompt: stream 2^63 + b for sequence b.
     for (std::size_t b = 0; b < B; ++b) fill_normal(row(b, 0), P * D, 1.0f, o.seed, (std::uint64_t(1) << 63) + b);
   });
@@ -501,7 +520,8 @@ demo_run run_one(const demo_options& o, kv_dtype dtype, simd_path path, tbb::tas
   if (exact && differing != 0)
     throw std::runtime_error("the cached decode and the recomputed one differ in " + std::to_string(differing) +
                              " values (an engine bug)");
-  return {dtype, double(B * T) / decode_seconds, cache.bytes_per_token(), cache.bytes_in_use(), std::move(decoded)};
+  return {compute,           dtype, double(B * T) / decode_seconds, cache.bytes_per_token(), cache.bytes_in_use(),
+          std::move(decoded)};
 }
 
 int run_demo(const demo_options& o) {
@@ -511,31 +531,33 @@ int run_demo(const demo_options& o) {
                                   std::max(o.threads, std::size_t(std::max(1, tbb::info::default_concurrency()))));
   tbb::task_arena arena(int(o.threads));
   std::vector<demo_run> runs;
-  for (const kv_dtype dtype : o.dtypes) {
-    if (!runs.empty()) std::printf("\n");
-    // The --csv file holds the first run's latencies (f32 with --kv-dtype all).
-    demo_options run_options = o;
-    if (!runs.empty()) run_options.csv.reset();
-    runs.push_back(run_one(run_options, dtype, path, arena));
-  }
+  for (const precision compute : o.precisions)
+    for (const kv_dtype dtype : o.dtypes) {
+      if (!runs.empty()) std::printf("\n");
+      // The --csv file holds the first run's latencies (f32 with --kv-dtype all).
+      demo_options run_options = o;
+      if (!runs.empty()) run_options.csv.reset();
+      runs.push_back(run_one(run_options, compute, dtype, path, arena));
+    }
   if (runs.size() > 1) {
-    // The same decode per dtype: every dtype's decoded outputs against the f32 run's.
+    // The same decode per run: every run's decoded outputs against the first's (f32, f32 cache).
     const std::vector<float>& reference = runs.front().decoded;
     float reference_max = 0.0f;
     for (const float value : reference) reference_max = std::max(reference_max, std::fabs(value));
-    std::printf("\nkv dtypes: the same decode (%zu x %zu tokens after a %zu-token prompt) per cache dtype\n", o.batch,
-                o.tokens, o.prompt);
-    std::printf("  %-6s %12s %14s %10s %26s\n", "dtype", "tokens/s", "bytes/token", "cache MiB",
-                "max|diff| / max|f32 out|");
+    std::printf("\nruns: the same decode (%zu x %zu tokens after a %zu-token prompt) per precision and cache dtype\n",
+                o.batch, o.tokens, o.prompt);
+    std::printf("  %-9s %-6s %12s %14s %10s %26s %11s\n", "precision", "dtype", "tokens/s", "bytes/token", "cache MiB",
+                "max|diff| / max|f32 out|", "weight MiB");
     for (const demo_run& run : runs) {
       float difference = 0.0f;
       for (std::size_t i = 0; i < reference.size(); ++i) {
         const float d = std::fabs(run.decoded[i] - reference[i]);
         difference = std::isnan(d) ? d : std::max(difference, d);
       }
-      std::printf("  %-6s %12.1f %14zu %10.2f %26.3g\n", to_string(run.dtype), run.decode_tokens_per_second,
-                  run.bytes_per_token, double(run.bytes_in_use) / double(1 << 20),
-                  reference_max > 0.0f ? double(difference / reference_max) : double(difference));
+      std::printf("  %-9s %-6s %12.1f %14zu %10.2f %26.3g %11.1f\n", to_string(run.compute), to_string(run.dtype),
+                  run.decode_tokens_per_second, run.bytes_per_token, double(run.bytes_in_use) / double(1 << 20),
+                  reference_max > 0.0f ? double(difference / reference_max) : double(difference),
+                  double(weight_bytes(o, run.compute)) / double(1 << 20));
     }
     std::fflush(stdout);
   }
@@ -559,7 +581,7 @@ std::string demo_help_text() {
          "\n"
          "usage: kvhead demo [--layers L] [--d-model D] [--heads H] [--kv-heads G] [--head-dim d]\n"
          "                   [--prompt P] [--tokens T] [--batch B] [--threads N] [--seed S]\n"
-         "                   [--csv FILE] [--kv-dtype f32|bf16|f16|int8|all]\n"
+         "                   [--csv FILE] [--kv-dtype f32|bf16|f16|int8|all] [--precision f32|bf16|all]\n"
          "\n"
          "  --layers L      attention layers, default 4 (at most 1024).\n"
          "  --d-model D     model width, default 2048; need not equal H * d.\n"
@@ -580,12 +602,17 @@ std::string demo_help_text() {
          "                  table of tokens/s, bytes per token, cache MiB in use and the max |diff|\n"
          "                  of the decoded outputs from the f32 run relative to its max (--csv: the\n"
          "                  f32 run's latencies).\n"
+         "  --precision P   how the layers compute: f32 (default) or bf16 (weights stored bf16, the\n"
+         "                  GEMM inputs, q, k, v and the probabilities rounded to bf16, fp32\n"
+         "                  accumulation; README, Precision). all: the decode once per precision\n"
+         "                  (and per --kv-dtype), then the table above, one row per run, each\n"
+         "                  compared with the first (f32); weight MiB is what the layers store.\n"
          "  --help, -h      print this help and exit 0.\n"
          "\n"
          "exit status: 0 success; 1 an error (KVHEAD_ISA, a --csv that cannot be written, out of\n"
          "memory, cached and recomputed outputs differing); 2 usage error (unknown flag, a value\n"
          "that is not a positive whole number or above its limit, G not dividing H, odd d, an\n"
-         "unknown --kv-dtype).\n"
+         "unknown --kv-dtype or --precision).\n"
          "Any failure prints one line on stderr.\n";
 }
 

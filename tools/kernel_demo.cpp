@@ -14,6 +14,7 @@
 #include "engine/arch/cpu_info.hpp"
 #include "engine/arch/kernel_config.hpp"
 #include "engine/gemm/gemm.hpp"
+#include "engine/gemm/gemm_bf16.hpp"
 #include "kvhead/config.hpp"
 #include "tools/cli_args.hpp"
 
@@ -39,6 +40,28 @@ void print_configuration() {
   std::printf("configuration %s: %s\n  tile %zu x %zu, attention tiles of %zu rows: %s\n  blocks: %s\n",
               chosen.row->name, chosen.chosen_why.c_str(), chosen.mr, chosen.nr, chosen.attention_rows, chosen.row->why,
               chosen.blocking_why.c_str());
+  // The bf16 GEMM units, best first: which runs, and why the others do not.
+  const engine::bf16_unit unit = engine::active_bf16_unit();
+  std::printf("bf16 GEMM unit: %s%s%s\n", engine::to_string(unit), engine::bf16_unit_reason().empty() ? "" : " because ",
+              engine::bf16_unit_reason().c_str());
+  for (engine::bf16_unit each : {engine::bf16_unit::amx, engine::bf16_unit::avx512bf16})
+    std::printf("  %c %-13s %s\n", each == unit ? '*' : ' ', engine::to_string(each),
+                engine::bf16_unit_runs_here(each) ? "runs here" : engine::bf16_unit_refusal(each).c_str());
+  std::printf("  %c %-13s runs everywhere (fp32 kernels of the SIMD path on rounded inputs)\n",
+              unit == engine::bf16_unit::fp32_fallback ? '*' : ' ', "fp32_fallback");
+}
+
+// Median seconds of 7 runs of `run` in `arena`.
+template <class Run>
+double median_seconds(tbb::task_arena& arena, const Run& run) {
+  std::vector<double> seconds;
+  for (int repeat = 0; repeat < 7; ++repeat) {
+    const auto start = std::chrono::steady_clock::now();
+    arena.execute(run);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + 3, seconds.end());
+  return seconds[3];
 }
 
 int run_kernel_demo(int threads) {
@@ -54,16 +77,16 @@ int run_kernel_demo(int threads) {
     for (float& x : b) x = uniform(generator);
     const engine::gemm_operand a_op{a.data(), size, engine::transpose::no};
     const engine::gemm_operand b_op{b.data(), size, engine::transpose::no};
-    std::vector<double> seconds;
-    for (int repeat = 0; repeat < 7; ++repeat) {
-      const auto start = std::chrono::steady_clock::now();
-      arena.execute([&] { engine::gemm({size, size, size}, 1.0f, a_op, b_op, 0.0f, c.data(), size); });
-      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    std::nth_element(seconds.begin(), seconds.begin() + 3, seconds.end());
-    const double gflops = 2.0 * double(size) * double(size) * double(size) / seconds[3] * 1e-9;
-    std::printf("  sgemm %4zu x %4zu x %4zu: median %8.3f ms, %6.1f GFLOP/s\n", size, size, size, seconds[3] * 1e3,
-                gflops);
+    const double flops = 2.0 * double(size) * double(size) * double(size);
+    const double fp32 =
+        median_seconds(arena, [&] { engine::gemm({size, size, size}, 1.0f, a_op, b_op, 0.0f, c.data(), size); });
+    std::printf("  sgemm     %4zu x %4zu x %4zu: median %8.3f ms, %6.1f GFLOP/s\n", size, size, size, fp32 * 1e3,
+                flops / fp32 * 1e-9);
+    const engine::packed_bf16_b b_bf16(size, size, b_op);
+    const double bf16 =
+        median_seconds(arena, [&] { engine::gemm_bf16({size, size, size}, a_op, b_bf16, 0.0f, c.data(), size); });
+    std::printf("  gemm_bf16 %4zu x %4zu x %4zu: median %8.3f ms, %6.1f GFLOP/s (%s)\n", size, size, size, bf16 * 1e3,
+                flops / bf16 * 1e-9, engine::to_string(engine::active_bf16_unit()));
   }
   return exit_ok;
 }

@@ -49,11 +49,14 @@ class _LayerOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("num_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
                 ("rope_theta", ctypes.c_float), ("scale", ctypes.c_float), ("prefix", ctypes.c_char_p),
                 ("threads", ctypes.c_int32), ("kv_dtype", ctypes.c_int32), ("logit_softcap", ctypes.c_float),
-                ("sinks", ctypes.POINTER(ctypes.c_float))]
+                ("sinks", ctypes.POINTER(ctypes.c_float)),
+                ("precision", ctypes.c_int32)]
 
 
 # kvh_kv_dtype: how a cache made from a layer stores K and V.
 KV_DTYPES = {"f32": 0, "bf16": 1, "f16": 2, "int8": 3}
+# kvh_precision: how a layer computes (bf16: weights and GEMM inputs rounded to bf16, fp32 accumulation).
+PRECISIONS = {"f32": 0, "bf16": 1}
 
 
 class Library:
@@ -105,9 +108,10 @@ class Library:
             raise KvheadError(status, self._c.kvh_last_error().decode(errors="replace"))
 
     def layer(self, path, num_heads, num_kv_heads=0, rope_theta=0.0, scale=0.0, prefix=None, threads=0,
-              kv_dtype="f32"):
-        """Layer.open with these options (kvh_layer_options: 0 means the default; kv_dtype a key of KV_DTYPES)."""
-        return Layer(self, path, num_heads, num_kv_heads, rope_theta, scale, prefix, threads, kv_dtype)
+              kv_dtype="f32", precision="f32"):
+        """Layer.open with these options (kvh_layer_options: 0 means the default; kv_dtype a key of KV_DTYPES,
+        precision a key of PRECISIONS)."""
+        return Layer(self, path, num_heads, num_kv_heads, rope_theta, scale, prefix, threads, kv_dtype, precision)
 
     def cache(self, layer, byte_budget, num_layers=1):
         """A Cache for num_layers layers of the layer's geometry."""
@@ -129,14 +133,16 @@ class Layer:
     """One attention layer read from safetensors (kvh_layer). Close it, or use it in a with block."""
 
     def __init__(self, library, path, num_heads, num_kv_heads=0, rope_theta=0.0, scale=0.0, prefix=None, threads=0,
-                 kv_dtype="f32"):
+                 kv_dtype="f32", precision="f32"):
         self._lib, c, self._handle = library, library._c, None
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
         options = _LayerOptions()
         c.kvh_layer_options_init_sized(ctypes.byref(options), ctypes.sizeof(options))
         options.num_heads, options.num_kv_heads, options.threads = num_heads, num_kv_heads, threads
-        options.kv_dtype = KV_DTYPES[kv_dtype]
+        options.kv_dtype, options.precision = KV_DTYPES[kv_dtype], PRECISIONS[precision]
         options.rope_theta, options.scale = rope_theta, scale
         options.prefix = prefix.encode() if prefix is not None else None
         handle = ctypes.c_void_p()

@@ -63,6 +63,17 @@ def main():
         except kvhead_ctypes.KvheadError as error:
             failures += error.status != kvhead_ctypes.NOT_FOUND
             print(f"a freed id: {error}")
+    # bf16 precision: weights and GEMM inputs rounded to bf16, fp32 accumulation; close to f32, not equal.
+    with kvhead.layer(args.weights, args.heads, args.kv_heads, args.rope_theta, prefix=args.prefix) as f32, \
+            kvhead.layer(args.weights, args.heads, args.kv_heads, args.rope_theta, prefix=args.prefix,
+                         precision="bf16") as bf16:
+        sample = random.standard_normal((1, 5, f32.d_model), dtype=np.float32)
+        exact, rounded = f32.forward(sample, causal=True), bf16.forward(sample, causal=True)
+        relative = float(np.max(np.abs(rounded - exact)) / np.max(np.abs(exact)))
+        close = 0.0 < relative <= 2e-2
+        failures += not close
+        print(f"precision bf16: max |y - y_f32| / max |y_f32| = {relative:.2e} "
+              f"({'within' if close else 'OUTSIDE'} (0, 2e-2])")
     try:
         kvhead.layer(args.weights + ".missing", args.heads)
         failures += 1

@@ -15,6 +15,7 @@
 #include "engine/io/npy.hpp"
 #include "engine/io/safetensors.hpp"
 #include "kvhead/config.hpp"
+#include "tools/precision_flag.hpp"
 
 namespace kvhead::tools {
 
@@ -62,8 +63,13 @@ void check_flag(const char* flag, const std::optional<T>& given, T actual, const
 
 /// Step 4: the layer from --weights and the layer flags, or from --model.
 io::loaded_layer load_layer(const layer_job& job) {
-  if (!job.model) return io::load_attention_layer(io::safetensors_file(job.weights), job.layer);
+  if (!job.model) {
+    io::loaded_layer loaded = io::load_attention_layer(io::safetensors_file(job.weights), job.layer);
+    loaded.config.precision = job.precision;
+    return loaded;
+  }
   io::model_layer model = io::load_model_layer(*job.model, job.model_layer);
+  model.layer.config.precision = job.precision;
   const attention_config& config = model.layer.config;
   check_flag("--heads", job.checks.heads, config.num_heads, "num_attention_heads");
   check_flag("--kv-heads", job.checks.kv_heads, config.num_kv_heads, "num_key_value_heads");
@@ -80,6 +86,7 @@ layer_job parse_layer_job(const parsed_flags& flags) {
   job.output = flags.required("--output");
   job.threads =
       flags.count("--threads", max_threads).value_or(std::size_t(std::max(1, tbb::info::default_concurrency())));
+  if (const std::optional<std::string> name = flags.value("--precision")) job.precision = parse_precision(*name);
   if (flags.has("--model")) {
     for (const char* name : {"--weights", "--prefix"})
       if (flags.has(name)) throw usage_error(std::string(name) + " cannot be given with --model");
@@ -189,6 +196,9 @@ std::string layer_job_help(const char* causal_line) {
       "  --scale S       multiplies q.k; default 1/sqrt(d). Must be finite.\n"
       "  --threads N     run in a oneTBB task arena of N threads, 1 to 1024; default: the\n"
       "                  number of CPUs this process may use.\n"
+      "  --precision P   f32 (default) or bf16: weights stored bf16 (BF16 tensors as they are),\n"
+      "                  each projection's input and q, k, v and the attention probabilities\n"
+      "                  rounded to bf16, fp32 accumulation and outputs (README, Precision).\n"
       "  --help, -h      print this help and exit 0.\n"
       "\n"
       "Flags take their value as --flag value or --flag=value (use the second form for a\n"
@@ -204,7 +214,7 @@ std::string layer_job_help(const char* causal_line) {
       "     RoPE, a prefix matching no tensor, an output that cannot be written, out of memory.\n"
       "  2  usage error: unknown flag, missing required flag, flag given twice or missing its\n"
       "     value, a value that is not a number, a count <= 0 (or --threads > 1024), a\n"
-      "     non-finite --scale, a negative or non-finite --rope-theta.\n"
+      "     non-finite --scale, a negative or non-finite --rope-theta, an unknown --precision.\n"
       "\n"
       "environment:\n"
       "  KVHEAD_ISA=avx512|avx2|sse2   force a SIMD path (default: the best this CPU and OS\n"

@@ -25,9 +25,9 @@ namespace kvhead::tools {
 
 /// The flags of `kvhead run`; `kvhead decode` adds --chunk.
 inline constexpr flag_spec layer_job_flags[] = {
-    {"--weights", true},  {"--input", true},   {"--output", true},     {"--heads", true},
-    {"--kv-heads", true}, {"--causal", false}, {"--rope-theta", true}, {"--prefix", true},
-    {"--scale", true},    {"--threads", true}, {"--model", true},      {"--layer", true},
+    {"--weights", true}, {"--input", true},      {"--output", true},    {"--heads", true}, {"--kv-heads", true},
+    {"--causal", false}, {"--rope-theta", true}, {"--prefix", true},    {"--scale", true}, {"--threads", true},
+    {"--model", true},   {"--layer", true},      {"--precision", true},
 };
 
 /// With --model: the layer flags that were also given, each checked against
@@ -45,6 +45,7 @@ struct layer_job {
   std::size_t model_layer = 0;       // --layer
   model_flag_checks checks;
   std::size_t threads = 1;
+  kvhead::precision precision = kvhead::precision::f32;  // --precision
 };
 
 /// The options of layer_job_flags; throws usage_error.

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "engine/gemm/gemm_bf16.hpp"
 #include "kvhead/config.hpp"
 #include "tools/cli_args.hpp"
 #include "tools/decode_command.hpp"
@@ -29,8 +30,9 @@ void print_help() {
       "                    decode with progress, speed, latency, cache use, and the speed-up over\n"
       "                    decoding without a cache (kvhead demo --help; tools/run demo runs it)\n"
       "  kernels [--threads N]   print the CPU and the kernel configuration chosen for it,\n"
-      "                    time the GEMM kernel and print GFLOP/s and the SIMD path\n"
-      "  --version         print the version, the SIMD path and the configuration in use\n"
+      "                    the bf16 GEMM unit, time the GEMMs and print GFLOP/s and the SIMD path\n"
+      "  --version         print the version, the SIMD path, the configuration and the bf16\n"
+      "                    GEMM unit in use (and why not a better one)\n"
       "  --help            print this help\n"
       "\n",
       stdout);
@@ -60,8 +62,12 @@ int main(int argc, char** argv) {
       return exit_ok;
     }
     if (command == "--version") {
-      std::printf("kvhead %s (SIMD path: %s, configuration: %s)\n", kvhead::version(),
-                  kvhead::to_string(kvhead::active_simd_path()), kvhead::kernel_config_name());
+      namespace engine = kvhead::engine;
+      const engine::bf16_unit unit = engine::active_bf16_unit();
+      std::printf("kvhead %s (SIMD path: %s, configuration: %s, bf16 unit: %s)\n", kvhead::version(),
+                  kvhead::to_string(kvhead::active_simd_path()), kvhead::kernel_config_name(), engine::to_string(unit));
+      if (!engine::bf16_unit_reason().empty()) std::printf("bf16 unit %s because %s\n", engine::to_string(unit),
+                                                           engine::bf16_unit_reason().c_str());
       return exit_ok;
     }
     if (command.empty()) throw usage_error("no command given");

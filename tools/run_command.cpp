@@ -16,8 +16,9 @@ std::string run_help_text() {
              "\n"
              "usage: kvhead run --weights W.safetensors --input X.npy --output Y.npy --heads H\n"
              "                  [--kv-heads G] [--causal] [--rope-theta T] [--prefix P] [--scale S]\n"
-             "                  [--threads N]\n"
+             "                  [--threads N] [--precision f32|bf16]\n"
              "       kvhead run --model DIR --layer N --input X.npy --output Y.npy [--threads N]\n"
+             "                  [--precision f32|bf16]\n"
              "\n") +
          layer_job_help("  --causal        token i attends to tokens 0..i only (switch, no value).\n");
 }

@@ -1,9 +1,14 @@
 // Chooses the SIMD path once: CPUID (through xsimd), the OS register-state
 // check (XCR0), then the KVHEAD_ISA override, or the path of the kernel
-// configuration KVHEAD_CONFIG names (engine/arch/kernel_config.hpp).
+// configuration KVHEAD_CONFIG names (engine/arch/kernel_config.hpp). Also
+// what the CPU offers for the bf16 units (bf16_support.hpp): KVHEAD_ISA's
+// levels amx and avx512bf16 sit above avx512 and run the fp32 kernels of
+// the avx512 path.
 #include <cpuid.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -11,6 +16,7 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "engine/arch/bf16_support.hpp"
 #include "engine/arch/kernel_config.hpp"
 #include "kvhead/config.hpp"
 #include "kvhead/version.h"
@@ -54,6 +60,35 @@ bool path_runs_here(simd_path path) {
   return false;
 }
 
+struct registers {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+};
+registers cpuid_leaf(unsigned leaf, unsigned subleaf) {
+  registers r;
+  if (static_cast<unsigned>(__get_cpuid_max(0, nullptr)) >= leaf) __cpuid_count(leaf, subleaf, r.eax, r.ebx, r.ecx, r.edx);
+  return r;
+}
+
+engine::bf16_hardware detect_bf16_hardware() {
+  engine::bf16_hardware hardware;
+  const bool avx512 = path_runs_here(simd_path::avx512);
+  const registers leaf7 = cpuid_leaf(7, 0), leaf7_1 = cpuid_leaf(7, 1);
+  constexpr unsigned avx512vl_bit = 1u << 31, avx512bf16_bit = 1u << 5;  // (7,0).EBX, (7,1).EAX
+  constexpr unsigned amx_bf16_bit = 1u << 22, amx_tile_bit = 1u << 24;   // (7,0).EDX
+  constexpr std::uint64_t tile_state = std::uint64_t{3} << 17;           // XCR0: XTILECFG, XTILEDATA
+  if ((leaf7_1.eax & avx512bf16_bit) == 0)
+    hardware.avx512bf16_missing = "CPUID reports no AVX512-BF16";
+  else if (!avx512 || (leaf7.ebx & avx512vl_bit) == 0)
+    hardware.avx512bf16_missing = "AVX512-BF16 without a working avx512 path and AVX512VL";
+  if ((leaf7.edx & amx_tile_bit) == 0 || (leaf7.edx & amx_bf16_bit) == 0)
+    hardware.amx_missing = "CPUID reports no AMX-TILE and AMX-BF16";
+  else if ((os_enabled_state() & tile_state) != tile_state)
+    hardware.amx_missing = "the OS does not enable the AMX tile state (XCR0 bits 17-18)";
+  else if (!avx512)
+    hardware.amx_missing = "AMX without a working avx512 path";
+  return hardware;
+}
+
 std::string supported_list() {
   std::string list;
   for (simd_path path : supported_simd_paths()) {
@@ -63,10 +98,22 @@ std::string supported_list() {
   return list;
 }
 
+// The bf16 units KVHEAD_ISA may name, and the fp32 path they run beside.
+struct bf16_level {
+  const char* name;
+  engine::bf16_isa_limit limit;
+};
+constexpr bf16_level bf16_levels[] = {{"amx", engine::bf16_isa_limit::amx},
+                                      {"avx512bf16", engine::bf16_isa_limit::avx512bf16}};
+
 simd_path path_named_by_isa_variable() {
   const char* forced = std::getenv("KVHEAD_ISA");
   if (forced == nullptr || *forced == '\0') return supported_simd_paths().front();
   const std::string_view name(forced);
+  if (std::any_of(std::begin(bf16_levels), std::end(bf16_levels), [&](const bf16_level& level) { return name == level.name; })) {
+    engine::bf16_request_from_isa_variable();  // throws when the unit's hardware is missing
+    return simd_path::avx512;
+  }
   for (simd_path path : {simd_path::avx512, simd_path::avx2, simd_path::sse2}) {
     if (name != to_string(path)) continue;
     if (!path_runs_here(path))
@@ -74,7 +121,8 @@ simd_path path_named_by_isa_variable() {
                                ": this CPU (or its OS) cannot run that path; it supports " + supported_list());
     return path;
   }
-  throw std::runtime_error("KVHEAD_ISA=" + std::string(name) + ": unknown SIMD path; use one of avx512, avx2, sse2");
+  throw std::runtime_error("KVHEAD_ISA=" + std::string(name) +
+                           ": unknown SIMD path; use one of amx, avx512bf16, avx512, avx2, sse2");
 }
 
 simd_path choose_path() {
@@ -89,6 +137,32 @@ simd_path choose_path() {
 }
 
 }  // namespace
+
+namespace engine {
+
+const bf16_hardware& host_bf16_hardware() {
+  static const bf16_hardware hardware = detect_bf16_hardware();
+  return hardware;
+}
+
+bf16_isa_request bf16_request_from_isa_variable() {
+  const char* forced = std::getenv("KVHEAD_ISA");
+  if (forced == nullptr || *forced == '\0') return {bf16_isa_limit::amx, false};
+  const std::string_view name(forced);
+  for (const bf16_level& level : bf16_levels) {
+    if (name != level.name) continue;
+    const std::string& missing = level.limit == bf16_isa_limit::amx ? host_bf16_hardware().amx_missing
+                                                                    : host_bf16_hardware().avx512bf16_missing;
+    if (!missing.empty())
+      throw std::runtime_error("KVHEAD_ISA=" + std::string(name) + ": this CPU (or its OS) cannot run that bf16 unit (" +
+                               missing + "); the SIMD paths it supports: " + supported_list());
+    return {level.limit, true};
+  }
+  active_simd_path();  // an unknown name or a path this CPU cannot run throws here
+  return {bf16_isa_limit::fp32_fallback, false};
+}
+
+}  // namespace engine
 
 const char* version() { return KVHEAD_VERSION_STRING; }
 

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "engine/arch/checked_size.hpp"
@@ -20,6 +21,17 @@
 #include "kvhead/attention.hpp"
 
 namespace kvhead {
+
+const char* to_string(precision value) {
+  switch (value) {
+    case precision::f32:
+      return "f32";
+    case precision::bf16:
+      return "bf16";
+  }
+  return "unknown";
+}
+
 namespace {
 
 float resolve_scale(const std::optional<float>& scale, std::size_t head_dim) {
@@ -194,6 +206,14 @@ const float* non_null(const char* name, const float* weight) {
   return weight;
 }
 
+// A projection's weight, given exactly one way.
+void check_weight(const char* name, const linear_weights& weights) {
+  engine::require(weights.weight == nullptr || weights.weight_bf16 == nullptr, [&] {
+    return std::string("attention_layer: ") + name + " has both weight and weight_bf16 (give one)";
+  });
+  if (weights.weight_bf16 == nullptr) non_null(name, weights.weight);
+}
+
 attention_config validated(attention_config config) {
   if (config.num_kv_heads == 0) config.num_kv_heads = config.num_heads;
   validate_heads("attention_layer", config.num_heads, config.num_kv_heads, config.head_dim);
@@ -224,6 +244,9 @@ attention_config validated(attention_config config) {
                            ", head_dim " + std::to_string(config.head_dim) + ", d_model " +
                            std::to_string(config.d_model) + ")";
                   });
+  engine::require(config.precision == precision::f32 || config.precision == precision::bf16, [&] {
+    return "attention_layer: precision must be f32 or bf16, got " + std::to_string(int(config.precision));
+  });
   config.scale = resolve_scale(config.scale, config.head_dim);
   return config;
 }
@@ -240,20 +263,51 @@ namespace engine {
 
 namespace {
 
-// Wᵀ of the stacked parts, packed (the stacked copy only while packing).
-packed_b pack_stacked(std::size_t in_features, std::initializer_list<linear_part> parts) {
+// Element i of a part's weight [out, in], in the element type it is packed
+// in: bf16 weights widened exactly (f32), fp32 ones rounded to nearest even
+// (bf16).
+float weight_element(const linear_weights& weights, std::size_t i, float) {
+  return weights.weight != nullptr ? weights.weight[i] : widen_bf16({weights.weight_bf16[i]});
+}
+bf16_bits weight_element(const linear_weights& weights, std::size_t i, bf16_bits) {
+  return weights.weight_bf16 != nullptr ? bf16_bits{weights.weight_bf16[i]} : encode_bf16(weights.weight[i]);
+}
+
+// The parts' weights stacked row-wise, [out_features, in_features], as Element.
+template <class Element>
+std::vector<Element> stacked(std::size_t in_features, std::size_t out_features,
+                             std::initializer_list<linear_part> parts) {
+  std::vector<Element> rows;
+  rows.reserve(out_features * in_features);
+  for (const linear_part& part : parts)
+    for (std::size_t i = 0; i < part.out_features * in_features; ++i)
+      rows.push_back(weight_element(part.weights, i, Element{}));
+  return rows;
+}
+
+// Wᵀ of the stacked parts, packed for the precision (the stacked copy only
+// while packing; none for one part already in the packed element type).
+std::variant<packed_b, packed_bf16_b> pack_stacked(std::size_t in_features, std::initializer_list<linear_part> parts,
+                                                   precision compute) {
   std::size_t out_features = 0;
   for (const linear_part& part : parts) {
-    non_null(part.name, part.weights.weight);
+    check_weight(part.name, part.weights);
     out_features += part.out_features;
   }
-  if (parts.size() == 1)
-    return packed_b(in_features, out_features, {parts.begin()->weights.weight, in_features, transpose::yes});
-  std::vector<float> stacked;
-  stacked.reserve(out_features * in_features);
-  for (const linear_part& part : parts)
-    stacked.insert(stacked.end(), part.weights.weight, part.weights.weight + part.out_features * in_features);
-  return packed_b(in_features, out_features, {stacked.data(), in_features, transpose::yes});
+  const linear_weights& first = parts.begin()->weights;
+  if (compute == precision::bf16) {
+    if (parts.size() == 1 && first.weight_bf16 != nullptr)
+      return packed_bf16_b(in_features, out_features, reinterpret_cast<const bf16_bits*>(first.weight_bf16),
+                           in_features, transpose::yes);
+    if (parts.size() == 1)  // rounded to nearest even as it is packed
+      return packed_bf16_b(in_features, out_features, gemm_operand{first.weight, in_features, transpose::yes});
+    const std::vector<bf16_bits> rows = stacked<bf16_bits>(in_features, out_features, parts);
+    return packed_bf16_b(in_features, out_features, rows.data(), in_features, transpose::yes);
+  }
+  if (parts.size() == 1 && first.weight != nullptr)
+    return packed_b(in_features, out_features, {first.weight, in_features, transpose::yes});
+  const std::vector<float> rows = stacked<float>(in_features, out_features, parts);
+  return packed_b(in_features, out_features, {rows.data(), in_features, transpose::yes});
 }
 
 std::vector<float> stacked_bias(std::initializer_list<linear_part> parts) {
@@ -270,25 +324,33 @@ std::vector<float> stacked_bias(std::initializer_list<linear_part> parts) {
 
 }  // namespace
 
-linear::linear(std::size_t in_features, std::initializer_list<linear_part> parts)
-    : weight_(pack_stacked(in_features, parts)), bias_(stacked_bias(parts)) {}
+linear::linear(std::size_t in_features, std::initializer_list<linear_part> parts, precision compute)
+    : weight_(pack_stacked(in_features, parts, compute)), bias_(stacked_bias(parts)) {}
 
 void linear::apply(const float* x, std::size_t rows, float* y) const {
-  const std::size_t out_features = weight_.n();
+  const auto [in_features, out_features] =
+      std::visit([](const auto& weight) { return std::pair{weight.k(), weight.n()}; }, weight_);
   if (!bias_.empty())
     for (std::size_t row = 0; row < rows; ++row) std::copy(bias_.begin(), bias_.end(), y + row * out_features);
-  gemm({rows, out_features, weight_.k()}, 1.0f, {x, weight_.k(), transpose::no}, weight_.view(),
-       bias_.empty() ? 0.0f : 1.0f, y, out_features);
+  const gemm_shape shape{rows, out_features, in_features};
+  const gemm_operand input{x, in_features, transpose::no};
+  const float beta = bias_.empty() ? 0.0f : 1.0f;
+  if (const packed_b* weight = std::get_if<packed_b>(&weight_))
+    gemm(shape, 1.0f, input, weight->view(), beta, y, out_features);
+  else
+    gemm_bf16(shape, input, std::get<packed_bf16_b>(weight_), beta, y, out_features);
 }
 
 }  // namespace engine
 
 attention_layer::impl::impl(const attention_config& checked, const attention_weights& weights)
     : config(checked),
-      qkv_proj(checked.d_model, {{"q_proj", weights.q_proj, checked.num_heads * checked.head_dim},
-                                 {"k_proj", weights.k_proj, checked.num_kv_heads * checked.head_dim},
-                                 {"v_proj", weights.v_proj, checked.num_kv_heads * checked.head_dim}}),
-      o_proj(checked.num_heads * checked.head_dim, {{"o_proj", weights.o_proj, checked.d_model}}),
+      qkv_proj(checked.d_model,
+               {{"q_proj", weights.q_proj, checked.num_heads * checked.head_dim},
+                {"k_proj", weights.k_proj, checked.num_kv_heads * checked.head_dim},
+                {"v_proj", weights.v_proj, checked.num_kv_heads * checked.head_dim}},
+               checked.precision),
+      o_proj(checked.num_heads * checked.head_dim, {{"o_proj", weights.o_proj, checked.d_model}}, checked.precision),
       rotary(checked.head_dim, checked.rotary_dim, checked.rope_theta, checked.rope_scaling),
       norm(make_qk_norm(checked, weights)) {
   validate_sinks("attention_layer", weights.sinks, checked.num_heads);
@@ -303,6 +365,8 @@ void attention_layer::impl::project(const float* x, std::size_t rows, const std:
   qkv_proj.apply(x, rows, qkv);
   if (norm) norm->apply(qkv, rows, qkv_width(), config.num_heads, config.num_kv_heads);
   rotary.apply(qkv, rows, qkv_width(), config.num_heads + config.num_kv_heads, positions);
+  if (config.precision == precision::bf16)
+    for (std::size_t i = 0; i < rows * qkv_width(); ++i) qkv[i] = engine::round_to_bf16(qkv[i]);
 }
 
 attention_layer::attention_layer(const attention_config& config, const attention_weights& weights)
@@ -362,7 +426,8 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
                                           nullptr,
                                           active_simd_path(),
                                           config.sliding_window,
-                                          impl_->variants()};
+                                          impl_->variants(),
+                                          config.precision};
   engine::run_in_arena([&] {
     // 1-2. Projections, and RoPE at positions 0..seq-1 of each sequence.
     impl_->project(x, rows, work->positions.data(), qkv.data());

@@ -14,6 +14,7 @@
 
 #include "engine/arch/kernel_config.hpp"
 #include "engine/arch/scratch.hpp"
+#include "engine/gemm/stored_element.hpp"
 #include "engine/gemm/pack.hpp"
 #include "engine/gemm/stored_element.hpp"
 #include "engine/scheduler/split_schedule.hpp"
@@ -268,6 +269,8 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     online_softmax_block(p + keys.begin, keys.count(), state, tile.path);
     max[row] = state.max;
     sum[row] = state.sum;
+    if (tile.precision == precision::bf16)
+      for (std::size_t j = keys.begin; j < keys.end; ++j) p[j] = round_to_bf16(p[j]);
     if (views[first_segment].value_scales != nullptr)
       for (std::size_t s = keys.begin / segment_keys; s * segment_keys < keys.end; ++s) {
         const std::size_t from = std::max(keys.begin, s * segment_keys);
@@ -523,7 +526,8 @@ void flash_attention(const attention_problem& problem) {
                          std::min(positions, dims.q_len - position0), problem.q_offset,
                          problem.valid_len != nullptr ? problem.valid_len[batch] : dims.kv_len, problem.causal,
                          problem.additive_mask, dims.kv_len, problem.scale, problem.path, problem.window,
-                         problem.variants});
+                         problem.variants,
+                         problem.precision});
         work->source_index.push_back(batch * dims.num_kv_heads + kv_head);
       }
   // 1. K and V of every (batch, kv head), from the first chunk a query sees

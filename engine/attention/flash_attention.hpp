@@ -22,6 +22,7 @@
 //                        element from +0 in key order; keys before `begin`
 //                        that the GEMM spans get p = 0 and a finite v (the
 //                        row's own or zeros), which leave acc at +0 exactly
+//        (bf16 precision: p rounded to bf16 before p v, per element)
 //      The GEMM does the same arithmetic per element for one row as for many
 //      (engine/gemm/gemm.hpp), and the softmax kernels are per row.
 //   3. Partials are merged left to right, starting from the empty partial
@@ -109,6 +110,9 @@ struct attention_tile {
   simd_path path;
   std::size_t window = 0;  // sliding window W: 0 none, else keys j > position - W only
   score_variants variants{};
+  /// bf16: each probability rounded to bf16 before p v (the row's sum and
+  /// max stay those of the fp32 softmax); q, k and v come rounded already.
+  kvhead::precision precision = kvhead::precision::f32;
 
   /// Keys [visible_begin(i), visible_end(i)) are visible to query row i
   /// (before the additive mask); none when begin >= end.
@@ -154,6 +158,7 @@ struct attention_problem {
   simd_path path;
   std::size_t window = 0;  // sliding window, 0: none (attention_options::sliding_window)
   score_variants variants{};
+  kvhead::precision precision = kvhead::precision::f32;  // attention_tile::precision
 };
 
 /// Packs Kᵀ once per (batch, kv head, chunk) into the calling thread's

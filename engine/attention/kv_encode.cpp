@@ -6,15 +6,6 @@
 
 namespace kvhead::engine {
 
-bf16_bits encode_bf16(float x) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
-  if (std::isnan(x)) return {static_cast<std::uint16_t>((bits >> 16) | 0x0040)};
-  // Round to nearest even on the 16 bits dropped; a carry may reach the
-  // exponent (and give Inf past the largest bf16), as IEEE rounding does.
-  const std::uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
-  return {static_cast<std::uint16_t>((bits + rounding) >> 16)};
-}
-
 f16_bits encode_f16(float x) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
   const std::uint32_t sign = (bits >> 16) & 0x8000;

@@ -10,9 +10,7 @@
 
 namespace kvhead::engine {
 
-/// x rounded to nearest even bfloat16; NaN stays NaN (made quiet), +-Inf
-/// stays +-Inf, finite values past bf16's largest round to +-Inf.
-bf16_bits encode_bf16(float x);
+// bf16: encode_bf16 (stored_element.hpp), shared with the bf16 GEMM.
 
 /// x rounded to nearest even IEEE binary16 (subnormals kept); NaN stays NaN
 /// (made quiet), +-Inf stays +-Inf, |x| >= 65520 becomes +-Inf.

@@ -6,12 +6,14 @@
 #include <cstddef>
 #include <initializer_list>
 #include <optional>
+#include <variant>
 #include <vector>
 
 #include "engine/attention/flash_attention.hpp"
 #include "engine/attention/qk_norm.hpp"
 #include "engine/attention/rope.hpp"
 #include "engine/gemm/gemm.hpp"
+#include "engine/gemm/gemm_bf16.hpp"
 #include "kvhead/attention.hpp"
 
 namespace kvhead {
@@ -31,13 +33,17 @@ struct linear_part {
 /// element depends only on its row and column), so stacking changes no bit.
 /// A part without bias gets -0 in the stacked bias: x + (-0) == x for every
 /// float x, so its outputs keep the bits of a bias-free GEMM.
+/// Precision f32: W in fp32 (bf16 parts widened exactly), the fp32 GEMM.
+/// Precision bf16: W in bf16 (bf16 parts as given, fp32 ones rounded to
+/// nearest even), x rounded to bf16 as gemm_bf16 packs it, fp32 accumulation.
 class linear {
  public:
-  linear(std::size_t in_features, std::initializer_list<linear_part> parts);
+  linear(std::size_t in_features, std::initializer_list<linear_part> parts,
+         kvhead::precision compute = kvhead::precision::f32);
   void apply(const float* x, std::size_t rows, float* y) const;
 
  private:
-  packed_b weight_;
+  std::variant<packed_b, packed_bf16_b> weight_;
   std::vector<float> bias_;  // empty: no part has one
 };
 
@@ -62,7 +68,9 @@ struct attention_layer::impl {
   /// qkv [rows, (H + 2G) d] from x [rows, d_model]: per row the H query
   /// heads, then the G key heads, then the G value heads, d floats each; then
   /// QK-norm (when configured) and RoPE on the query and key heads, row r at
-  /// absolute position positions[r].
+  /// absolute position positions[r]. Precision bf16: then every value of
+  /// qkv rounded to bf16 (the inputs of q kᵀ and p v, and what a KV cache
+  /// stores).
   void project(const float* x, std::size_t rows, const std::size_t* positions, float* qkv) const;
 };
 

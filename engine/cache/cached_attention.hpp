@@ -39,10 +39,12 @@ inline void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vecto
 /// positions past.., in parallel over (sequence, kv head, query tile). Row
 /// r's head h is at q + r * q_row_stride + h * head_dim; out is dense [rows,
 /// H, head_dim]. variants: the layer's soft-capping and sinks
-/// (flash_attention.hpp).
+/// (flash_attention.hpp). Precision bf16: the probabilities rounded to bf16
+/// for p v (attention_tile).
 void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
                       std::size_t num_heads, const float* q, std::size_t q_row_stride, float* out, float scale,
-                      std::size_t window, simd_path path, const score_variants& variants = {});
+                      std::size_t window, simd_path path, const score_variants& variants = {},
+                      kvhead::precision precision = kvhead::precision::f32);
 
 /// The same, for a dense q [rows, H, head_dim] (as the decode benchmarks hold it).
 inline void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,

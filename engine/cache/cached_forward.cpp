@@ -168,7 +168,8 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
 
 void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
                       std::size_t num_heads, const float* q, std::size_t q_row_stride, float* out, float scale,
-                      std::size_t window, simd_path path, const score_variants& variants) {
+                      std::size_t window, simd_path path, const score_variants& variants,
+                      kvhead::precision precision) {
   const std::size_t kv_heads = cache.config().num_kv_heads, head_dim = cache.config().head_dim;
   const std::size_t group = num_heads / kv_heads;
   const std::size_t tile_rows = tile_positions(group, path);
@@ -185,7 +186,7 @@ void cached_attention(const kv_cache& cache, std::size_t layer, const std::vecto
       for (std::size_t p = 0; p < e.length - e.past; p += tile_rows) {
         tiles.push_back({q + e.row0 * q_row_stride, head_dim, q_row_stride, out + e.row0 * out_row_stride, head_dim,
                          out_row_stride, kv_head, group, head_dim, p, std::min(tile_rows, e.length - e.past - p),
-                         e.past, e.length, true, nullptr, 0, scale, path, window, variants});
+                         e.past, e.length, true, nullptr, 0, scale, path, window, variants, precision});
         work->tile_sources.push_back(&source);
       }
     }
@@ -276,13 +277,15 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
   for (const cached_rows& e : entries)
     for (std::size_t i = 0; i < e.length - e.past; ++i) work->positions[e.row0 + i] = e.past + i;
   run_in_arena([&] {
-    // 1-2. Projections and RoPE at each row's absolute position.
+    // 1-2. Projections and RoPE at each row's absolute position (bf16
+    // precision: q, k and v then rounded to bf16, so a cache of any dtype
+    // stores rounded values).
     impl_->project(x, rows, work->positions.data(), qkv.data());
     // 3. The new K and V into their blocks (each exclusively owned after
     // append, so sequences never race); 4. attention over each whole past.
     write_cached_kv(cache, layer, entries, k, v, width, path);
     cached_attention(cache, layer, entries, heads, qkv.data(), width, attended.data(), *config.scale,
-                     config.sliding_window, path, impl_->variants());
+                     config.sliding_window, path, impl_->variants(), config.precision);
     // 5. Output projection.
     impl_->o_proj.apply(attended.data(), rows, y);
   });

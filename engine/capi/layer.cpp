@@ -38,6 +38,7 @@ constexpr kvh_layer_options default_options() {
   options.kv_dtype = KVH_KV_F32;
   options.logit_softcap = 0.0f;
   options.sinks = nullptr;
+  options.precision = KVH_PRECISION_F32;
   return options;
 }
 
@@ -90,6 +91,17 @@ io::layer_load_options load_options(const kvh_layer_options& options) {
   load.causal = false;  // per call (kvh_layer_forward); decoding is always causal
   load.rope_theta = options.rope_theta;
   return load;
+}
+
+/// The layer's precision from validated C options.
+precision precision_of(const kvh_layer_options& options) {
+  check(options.precision == KVH_PRECISION_F32 || options.precision == KVH_PRECISION_BF16, KVH_ERR_INVALID_ARGUMENT,
+        [&] {
+          return "options->precision = " + std::to_string(options.precision) +
+                 " (must be KVH_PRECISION_F32 or KVH_PRECISION_BF16)";
+        });
+  static_assert(int(precision::f32) == KVH_PRECISION_F32 && int(precision::bf16) == KVH_PRECISION_BF16);
+  return precision(options.precision);
 }
 
 /// A kvh_layer around `layer`, with its own arena when options.threads > 0.
@@ -168,6 +180,7 @@ kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options*
     not_null(out, "out");
     const kvh_layer_options checked = read_options(*options);
     const kvhead::io::layer_load_options load = load_options(checked);
+    const kvhead::precision compute = precision_of(checked);
     // Missing, unreadable or not a regular file: KVH_ERR_IO. Every later
     // file_error is about the contents: KVH_ERR_FORMAT.
     try {
@@ -181,6 +194,7 @@ kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options*
       kvhead::io::loaded_layer loaded = kvhead::io::load_attention_layer(file, load);
       loaded.config.logit_softcap = checked.logit_softcap;  // checked by the layer
       if (checked.sinks != nullptr) loaded.sinks.assign(checked.sinks, checked.sinks + loaded.config.num_heads);
+      loaded.config.precision = compute;
       layer = wrap(loaded.build(), checked);
     }
     *out = layer.release();
@@ -194,6 +208,7 @@ kvh_status kvh_layer_open_model(const char* folder, int32_t layer_index, const k
     not_null(options, "options");
     not_null(out, "out");
     const kvh_layer_options checked = read_options(*options);
+    const kvhead::precision compute = precision_of(checked);
     check(layer_index >= 0, KVH_ERR_INVALID_ARGUMENT,
           [&] { return "layer_index = " + std::to_string(layer_index) + " (must be >= 0)"; });
     std::string config_path;
@@ -209,6 +224,7 @@ kvh_status kvh_layer_open_model(const char* folder, int32_t layer_index, const k
     });
     kvhead::io::model_layer model = kvhead::io::load_model_layer(folder, std::size_t(layer_index));
     check_model_options(checked, model.layer.config);
+    model.layer.config.precision = compute;
     *out = wrap(model.layer.build(), checked).release();
   });
 }

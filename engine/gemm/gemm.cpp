@@ -12,18 +12,14 @@
 #include <stdexcept>
 #include <string>
 
-#include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include "engine/arch/require.hpp"
 #include "engine/arch/scratch.hpp"
+#include "engine/gemm/driver_support.hpp"
 #include "engine/gemm/pack.hpp"
 
 namespace kvhead::engine {
-namespace {
-
-std::size_t round_up(std::size_t value, std::size_t multiple) { return (value + multiple - 1) / multiple * multiple; }
-std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
 
 void validate_operand(const char* name, gemm_operand operand, std::size_t rows, std::size_t cols) {
   // op(X) is rows x cols; X in memory is that or its transpose, row-major.
@@ -44,21 +40,11 @@ void validate_c(const float* c, std::size_t ldc, std::size_t m, std::size_t n) {
   });
 }
 
+namespace {
+
 std::size_t& serial_depth() {
   thread_local std::size_t depth = 0;  // open gemm_serial_scopes on this thread
   return depth;
-}
-
-// Runs body(i) for i in [0, count): in parallel when the step is worth it.
-// Which thread runs an index never changes what it computes.
-template <class Body>
-void for_each_index(std::size_t count, double flops, const Body& body) {
-  constexpr double serial_below_flops = 2e6;  // ~20 us: below this, task overhead dominates
-  if (count < 2 || flops < serial_below_flops || serial_depth() > 0 || tbb::this_task_arena::max_concurrency() < 2) {
-    for (std::size_t i = 0; i < count; ++i) body(i);
-    return;
-  }
-  tbb::parallel_for(std::size_t{0}, count, body);
 }
 
 // A block of op(B), depth x cols, as NR-wide panels: row k of panel p at
@@ -126,9 +112,9 @@ panel_rows a_panel(std::size_t m, std::size_t mr, std::size_t panel) {
 // packed A block (L2) against its B panels (L1). Packed A panel p, of the
 // rows a_panel(m, MR, p), is MR wide (zero rows past its own) at p * MR * depth.
 // Each kernel call is told the B of the call after it (prefetched as it runs).
-void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_operand a, std::size_t k0,
-                    std::size_t depth, const b_block& block, std::size_t col0, std::size_t cols, float beta, float* c,
-                    std::size_t ldc) {
+void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_operand a, a_rounding rounding,
+                    std::size_t k0, std::size_t depth, const b_block& block, std::size_t col0, std::size_t cols,
+                    float beta, float* c, std::size_t ldc) {
   const std::size_t element_size = element_bytes(block.element);
   const std::size_t a_panels = ceil_div(m, config.mr);
   // Tasks: equal blocks of A panels (at most MC rows: the A block stays in
@@ -144,18 +130,22 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
   const std::size_t panels_per_group = ceil_div(panels, panel_groups);
   const std::size_t groups = ceil_div(panels, panels_per_group);
 
-  // Packed A of this k-slice. A single panel of an untransposed A is read
-  // where it is (the kernel takes its strides: same values, same bits).
+  // Packed A of this k-slice. A single panel of an untransposed A that is
+  // not to be rounded is read where it is (the kernel takes its strides:
+  // same values, same bits).
   // Otherwise, when each task owns whole rows (one column group), it packs
   // its own panels; else the panels are packed first, in parallel, and
   // shared by the column groups.
-  const bool a_in_place = a_panels == 1 && a.trans == transpose::no;
+  const bool a_in_place = a_panels == 1 && a.trans == transpose::no && rounding == a_rounding::none;
   scratch_lease a_packed(a_in_place ? 0 : a_panels * config.mr * depth);
   auto pack_a_panels = [&](std::size_t first, std::size_t end) {
     if (a_in_place) return;
     for (std::size_t panel = first; panel < end; ++panel) {
       const panel_rows span = a_panel(m, config.mr, panel);
-      pack_a(a, span.row0, span.rows, k0, depth, config.mr, a_packed.data() + panel * config.mr * depth);
+      float* const packed = a_packed.data() + panel * config.mr * depth;
+      pack_a(a, span.row0, span.rows, k0, depth, config.mr, packed);
+      if (rounding == a_rounding::bf16)
+        for (std::size_t i = 0; i < config.mr * depth; ++i) packed[i] = round_to_bf16(packed[i]);
     }
   };
   if (groups > 1) {
@@ -235,7 +225,7 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
 // The JC and PC loops; block(col0, cols, k0, depth) yields op(B)'s block.
 template <class BlockSource>
 void multiply(const gemm_config& config, std::size_t m, std::size_t n, std::size_t k, float alpha, gemm_operand a,
-              float beta, float* c, std::size_t ldc, const BlockSource& block) {
+              a_rounding rounding, float beta, float* c, std::size_t ldc, const BlockSource& block) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     for (std::size_t row = 0; row < m; ++row)
@@ -246,8 +236,8 @@ void multiply(const gemm_config& config, std::size_t m, std::size_t n, std::size
     const std::size_t cols = std::min(config.nc, n - col0);
     for (std::size_t k0 = 0; k0 < k; k0 += config.kc) {
       const std::size_t depth = std::min(config.kc, k - k0);
-      multiply_block(config, m, alpha, a, k0, depth, block(col0, cols, k0, depth), col0, cols, k0 == 0 ? beta : 1.0f, c,
-                     ldc);
+      multiply_block(config, m, alpha, a, rounding, k0, depth, block(col0, cols, k0, depth), col0, cols,
+                     k0 == 0 ? beta : 1.0f, c, ldc);
     }
   }
 }
@@ -326,7 +316,7 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
     });
     return b_block{b_packed.data(), depth * nr, nr, nullptr};
   };
-  multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, block);
+  multiply(config, shape.m, shape.n, shape.k, alpha, a, a_rounding::none, beta, c, ldc, block);
 }
 
 std::size_t pack_b_offset(const gemm_config& config, std::size_t k, std::size_t n, std::size_t row, std::size_t col) {
@@ -361,8 +351,8 @@ void validate_fixed_b(const char* kind, gemm_shape shape, gemm_operand a, std::s
   validate_c(c, ldc, shape.m, shape.n);
 }
 
-void multiply_prepacked(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c,
-                        std::size_t ldc) {
+void multiply_prepacked(gemm_shape shape, float alpha, gemm_operand a, a_rounding rounding, packed_b_view b,
+                        float beta, float* c, std::size_t ldc) {
   validate_fixed_b("packed", shape, a, b.k, b.n, c, ldc);
   const gemm_config config = gemm_config_for(b.path);
   const std::size_t element_size = element_bytes(b.element);
@@ -374,16 +364,18 @@ void multiply_prepacked(gemm_shape shape, float alpha, gemm_operand a, packed_b_
     return b_block{static_cast<const std::byte*>(b.panels) + offset * element_size, panel_stride, config.nr, nullptr,
                    b.element};
   };
-  multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, prepacked_block);
+  multiply(config, shape.m, shape.n, shape.k, alpha, a, rounding, beta, c, ldc, prepacked_block);
 }
 
 }  // namespace
 
-void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc) {
-  multiply_prepacked(shape, alpha, a, b, beta, c, ldc);
+void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc,
+          a_rounding rounding) {
+  multiply_prepacked(shape, alpha, a, rounding, b, beta, c, ldc);
 }
 
-void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float beta, float* c, std::size_t ldc) {
+void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float beta, float* c, std::size_t ldc,
+          a_rounding rounding) {
   validate_fixed_b("paged", shape, a, b.k, b.n, c, ldc);
   const gemm_config config = gemm_config_for(b.path);
   if (b.along_k) {
@@ -397,13 +389,13 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, 
       block.page_depth = b.page;
       return block;
     };
-    multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, row_pages);
+    multiply(config, shape.m, shape.n, shape.k, alpha, a, rounding, beta, c, ldc, row_pages);
     return;
   }
   if (b.page % config.nr != 0 && shape.n > b.page) {
     // Pages not a whole number of panels (16 keys on a 32-wide path): one call per page.
     for (std::size_t col = 0, page = 0; col < shape.n; col += b.page, ++page)
-      multiply_prepacked({shape.m, std::min(b.page, shape.n - col), shape.k}, alpha, a,
+      multiply_prepacked({shape.m, std::min(b.page, shape.n - col), shape.k}, alpha, a, rounding,
                          {b.pages[page], b.k, b.page, b.path, b.element}, beta, c + col, ldc);
     return;
   }
@@ -415,10 +407,11 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, 
     block.page_offset = k0 * round_up(b.page, config.nr);
     return block;
   };
-  multiply(config, shape.m, shape.n, shape.k, alpha, a, beta, c, ldc, column_pages);
+  multiply(config, shape.m, shape.n, shape.k, alpha, a, rounding, beta, c, ldc, column_pages);
 }
 
 gemm_serial_scope::gemm_serial_scope() { ++serial_depth(); }
 gemm_serial_scope::~gemm_serial_scope() { --serial_depth(); }
+bool gemm_serial_scope::active() { return serial_depth() > 0; }
 
 }  // namespace kvhead::engine

@@ -91,11 +91,18 @@ class packed_b {
   aligned_buffer panels_;
 };
 
+/// How the elements of A enter the micro-kernel: as they are, or rounded to
+/// the nearest even bf16 value (round_to_bf16, stored_element.hpp) as A is
+/// packed. Rounded, the result has the bits of the same call on an A
+/// rounded beforehand (the bf16 GEMM's portable fallback, gemm_bf16.hpp).
+enum class a_rounding { none, bf16 };
+
 /// C = alpha * op(A) * B[0:k, 0:n] + beta * C: the leading k x n block of a
 /// pre-packed B (shape.k <= b.k, shape.n <= b.n), m x k times k x n.
 /// Same arithmetic, so the same bits, as gemm() with that block unpacked
 /// (widened to fp32 when stored in another element type).
-void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc);
+void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc,
+          a_rounding rounding = a_rounding::none);
 
 /// op(B) (k x n) cut into pages of `page` rows (along_k) or columns (else):
 /// page i is a packed operand of its own (packed_b_view layout, `page` rows
@@ -115,9 +122,10 @@ struct paged_b_view {
 /// over the concatenated B: across column pages every column is computed
 /// alone; across row pages each element's FMA chain continues from page to
 /// page, which requires k <= KC, alpha = 1 and beta = 0 (checked).
-void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float beta, float* c, std::size_t ldc);
+void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float beta, float* c, std::size_t ldc,
+          a_rounding rounding = a_rounding::none);
 
-/// While alive, GEMM calls made by this thread run serially (for callers that
+/// While alive, GEMM calls (gemm, gemm_bf16) made by this thread run serially (for callers that
 /// already run one GEMM per parallel task). Never changes a result.
 class gemm_serial_scope {
  public:
@@ -125,6 +133,9 @@ class gemm_serial_scope {
   ~gemm_serial_scope();
   gemm_serial_scope(const gemm_serial_scope&) = delete;
   gemm_serial_scope& operator=(const gemm_serial_scope&) = delete;
+
+  /// Whether one is open on the calling thread.
+  static bool active();
 };
 
 }  // namespace kvhead::engine

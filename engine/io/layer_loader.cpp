@@ -80,7 +80,7 @@ class loader {
            number(q_rows) + " / num_heads " + number(heads) + ")");
     if (options_.scale && !std::isfinite(*options_.scale)) fail("scale must be finite");
 
-    // 7. Load (converted to f32).
+    // 7. Load (BF16 weights as bits, the rest as f32).
     loaded_layer layer;
     layer.config.num_heads = heads;
     layer.config.num_kv_heads = kv_heads;
@@ -131,7 +131,7 @@ class loader {
 
   owned_linear load_linear(const char* proj) const {
     owned_linear result;
-    result.weight = file_.load_f32(options_.prefix + proj + ".weight");
+    load_weight(file_, options_.prefix + proj + ".weight", result);
     const std::string bias = options_.prefix + proj + ".bias";
     if (file_.contains(bias)) result.bias = file_.load_f32(bias);
     return result;
@@ -142,6 +142,13 @@ class loader {
 };
 
 }  // namespace
+
+void load_weight(const safetensors_file& file, const std::string& name, owned_linear& target) {
+  if (file.info(name).dtype == dtype::bf16)
+    target.weight_bf16 = file.load_bf16_bits(name);
+  else
+    target.weight = file.load_f32(name);
+}
 
 loaded_layer load_attention_layer(const safetensors_file& file, const layer_load_options& options) {
   return loader(file, options).load();

@@ -9,8 +9,10 @@
 //   v_proj.weight  [G·d, d_model]      v_proj.bias  [G·d]      (bias optional)
 //   o_proj.weight  [d_model, H·d]      o_proj.bias  [d_model]  (bias optional)
 //
-// F32, F16 and BF16 are widened to f32 exactly (safetensors_file::load_f32).
-// Other tensors (any name) are ignored.
+// BF16 weights are kept as they are (owned_linear::weight_bf16: a bf16 layer
+// packs them as they are, an f32 one widens them exactly); F32 and F16
+// weights, and every bias, are read as f32 (F16 widened exactly,
+// safetensors_file::load_f32). Other tensors (any name) are ignored.
 //
 // Shapes are derived, then cross-checked:
 //   1. head_dim d = rows(q_proj) / H (exact division, d > 0);
@@ -28,6 +30,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,16 +50,24 @@ struct layer_load_options {
   double rope_theta = 0.0;  // 0: no RoPE
 };
 
-/// One nn.Linear's arrays, owned: weight [out, in] row-major; bias empty when
-/// the file has none.
+/// One nn.Linear's arrays, owned: weight [out, in] row-major, as floats or
+/// (a BF16 tensor) as bf16 bit patterns in weight_bf16, the other empty; bias
+/// empty when the file has none.
 struct owned_linear {
   std::vector<float> weight;
   std::vector<float> bias;
+  std::vector<std::uint16_t> weight_bf16;
 
-  linear_weights view() const { return {weight.data(), bias.empty() ? nullptr : bias.data()}; }
+  linear_weights view() const {
+    return {weight.empty() ? nullptr : weight.data(), bias.empty() ? nullptr : bias.data(),
+            weight_bf16.empty() ? nullptr : weight_bf16.data()};
+  }
 };
 
-/// A validated configuration and the f32 weights that go with it.
+/// A weight tensor as owned_linear holds it: BF16 as bits, others as f32.
+void load_weight(const safetensors_file& file, const std::string& name, owned_linear& target);
+
+/// A validated configuration and the weights that go with it.
 struct loaded_layer {
   attention_config config;  // num_kv_heads always set (never 0)
   owned_linear q_proj, k_proj, v_proj, o_proj;

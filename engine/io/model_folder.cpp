@@ -153,20 +153,27 @@ class layer_reader {
     loaded_layer result;
     result.config = c;
     if (spec_.fused_qkv) {
-      const std::vector<float> qkv = load("qkv_proj.weight");
-      const auto rows = [&](std::size_t first, std::size_t count) {
-        return std::vector<float>(qkv.begin() + std::ptrdiff_t(first * c.d_model),
-                                  qkv.begin() + std::ptrdiff_t((first + count) * c.d_model));
+      owned_linear qkv;
+      load_weight_of("qkv_proj.weight", qkv);
+      const auto split = [&](auto& all, auto owned_linear::*member) {
+        const auto rows = [&](std::size_t first, std::size_t count) {
+          return std::vector(all.begin() + std::ptrdiff_t(first * c.d_model),
+                             all.begin() + std::ptrdiff_t((first + count) * c.d_model));
+        };
+        result.q_proj.*member = rows(0, q_rows);
+        result.k_proj.*member = rows(q_rows, kv_rows);
+        result.v_proj.*member = rows(q_rows + kv_rows, kv_rows);
       };
-      result.q_proj.weight = rows(0, q_rows);
-      result.k_proj.weight = rows(q_rows, kv_rows);
-      result.v_proj.weight = rows(q_rows + kv_rows, kv_rows);
+      if (qkv.weight_bf16.empty())
+        split(qkv.weight, &owned_linear::weight);
+      else
+        split(qkv.weight_bf16, &owned_linear::weight_bf16);
     } else {
-      result.q_proj.weight = load("q_proj.weight");
-      result.k_proj.weight = load("k_proj.weight");
-      result.v_proj.weight = load("v_proj.weight");
+      load_weight_of("q_proj.weight", result.q_proj);
+      load_weight_of("k_proj.weight", result.k_proj);
+      load_weight_of("v_proj.weight", result.v_proj);
     }
-    result.o_proj.weight = load("o_proj.weight");
+    load_weight_of("o_proj.weight", result.o_proj);
     if (spec_.qkv_bias) {
       result.q_proj.bias = load("q_proj.bias");
       result.k_proj.bias = load("k_proj.bias");
@@ -190,6 +197,11 @@ class layer_reader {
  private:
   [[noreturn]] static void fail(const std::string& path, const std::string& problem) {
     throw file_error(path, problem);
+  }
+
+  void load_weight_of(const std::string& suffix, owned_linear& target) const {
+    const std::string name = prefix_ + suffix;
+    load_weight(weights_.file_of(name), name, target);
   }
 
   std::vector<float> load(const std::string& suffix) const {
@@ -232,7 +244,13 @@ attention_config model_layer_config(const std::string& folder, std::size_t layer
 }
 
 attention_layer load_model_layer(const std::string& folder, std::size_t layer) {
-  return io::load_model_layer(folder, layer).layer.build();
+  return load_model_layer(folder, layer, precision::f32);
+}
+
+attention_layer load_model_layer(const std::string& folder, std::size_t layer, precision compute) {
+  io::model_layer model = io::load_model_layer(folder, layer);
+  model.layer.config.precision = compute;
+  return model.layer.build();
 }
 
 }  // namespace kvhead

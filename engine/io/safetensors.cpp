@@ -441,6 +441,18 @@ const tensor_info& safetensors_file::info(const std::string& name) const {
   return found->second;
 }
 
+template <class T, class Convert>
+void safetensors_file::read_16_bit(const tensor_info& tensor, T* out, Convert convert) const {
+  const std::size_t count = element_count(tensor), offset = data_offset_ + tensor.begin;
+  constexpr std::size_t chunk_elements = std::size_t(1) << 15;
+  std::vector<unsigned char> bytes(2 * std::min(count, chunk_elements));
+  for (std::size_t done = 0; done < count; done += chunk_elements) {
+    const std::size_t n = std::min(chunk_elements, count - done);
+    file_.read_exact(bytes.data(), 2 * n, offset + 2 * done);
+    for (std::size_t i = 0; i < n; ++i) out[done + i] = convert(std::uint16_t(bytes[2 * i] | (bytes[2 * i + 1] << 8)));
+  }
+}
+
 std::vector<float> safetensors_file::load_f32(const std::string& name) const {
   const tensor_info& tensor = info(name);
   const std::size_t count = element_count(tensor);  // checked by the constructor
@@ -454,16 +466,18 @@ std::vector<float> safetensors_file::load_f32(const std::string& name) const {
     }
     return values;
   }
-  // F16 and BF16: widened in chunks of 64 KiB read from the file.
-  float (*const widen)(std::uint16_t) = tensor.dtype == dtype::f16 ? f16_to_f32 : bf16_to_f32;
-  constexpr std::size_t chunk_elements = std::size_t(1) << 15;
-  std::vector<unsigned char> bytes(2 * std::min(count, chunk_elements));
-  for (std::size_t done = 0; done < count; done += chunk_elements) {
-    const std::size_t n = std::min(chunk_elements, count - done);
-    file_.read_exact(bytes.data(), 2 * n, offset + 2 * done);
-    for (std::size_t i = 0; i < n; ++i) values[done + i] = widen(std::uint16_t(bytes[2 * i] | (bytes[2 * i + 1] << 8)));
-  }
+  // F16 and BF16: widened.
+  read_16_bit(tensor, values.data(), tensor.dtype == dtype::f16 ? f16_to_f32 : bf16_to_f32);
   return values;
+}
+
+std::vector<std::uint16_t> safetensors_file::load_bf16_bits(const std::string& name) const {
+  const tensor_info& tensor = info(name);
+  if (tensor.dtype != dtype::bf16)
+    throw file_error(path(), quote_name(name) + " is " + dtype_name(tensor.dtype) + ", not BF16");
+  std::vector<std::uint16_t> bits(element_count(tensor));
+  read_16_bit(tensor, bits.data(), [](std::uint16_t x) { return x; });
+  return bits;
 }
 
 }  // namespace kvhead::io

@@ -37,7 +37,8 @@
 // The file stays open (read-only) while the object lives; tensors are read
 // with pread, not through a mapping, so a file truncated by someone else
 // while it is open makes load_f32 throw file_error ("file ended early"),
-// never SIGBUS. load_f32 may be called from several threads at once.
+// never SIGBUS. load_f32 and load_bf16_bits may be called from several
+// threads at once.
 #pragma once
 
 #include <cstddef>
@@ -93,7 +94,16 @@ class safetensors_file {
   /// file_error if the file was shortened since it was opened.
   std::vector<float> load_f32(const std::string& name) const;
 
+  /// A BF16 tensor's bit patterns as stored (no conversion), row-major.
+  /// file_error when the tensor is not BF16 or the file was shortened.
+  std::vector<std::uint16_t> load_bf16_bits(const std::string& name) const;
+
  private:
+  /// A 16-bit tensor's elements, each through convert, into out, read in
+  /// chunks of 64 KiB (little-endian in the file).
+  template <class T, class Convert>
+  void read_16_bit(const tensor_info& tensor, T* out, Convert convert) const;
+
   regular_file file_;
   std::size_t data_offset_ = 0;  // of the data section in the file: 8 + header length
   std::size_t data_size_ = 0;

@@ -62,6 +62,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -201,13 +202,44 @@ struct attention_config {
   /// none; else finite and > 0: each scaled score becomes
   /// cap * tanh(score / cap) before the causal mask.
   float logit_softcap = 0.0f;
+  /// How the layer computes (both forwards):
+  ///   f32   (the default) fp32 throughout; every contract in this file is
+  ///         that of f32.
+  ///   bf16  weights stored as bfloat16 (bf16 weights kept as given, fp32
+  ///         ones rounded to nearest even once, at construction) and packed
+  ///         once; each projection's input rounded to bf16 as it enters its
+  ///         GEMM; products of bf16 values accumulated in fp32, biases and
+  ///         outputs fp32. Attention: q after QK-norm and RoPE (both fp32),
+  ///         and k and v, rounded to bf16 (k and v before a KV cache stores
+  ///         them, whatever its kv_dtype); q kᵀ of the rounded values in
+  ///         fp32; scale, masks, softmax, the running max and sum and the
+  ///         merge of chunks in fp32; the probabilities, unnormalized
+  ///         (exp(s - the max of their 256-key chunk)), rounded to bf16 for
+  ///         p v (the softmax's sum is that of the unrounded ones). The
+  ///         weight bytes halve (decode, bound by them, speeds up); on CPUs
+  ///         with AMX or AVX512-BF16 the projections run on those units
+  ///         (kvhead kernels prints which), elsewhere on the fp32 kernels
+  ///         with the same results as rounding then computing in fp32.
+  ///         Accuracy: max |y_bf16 - y_f32| / max |y_f32| measured 3.1e-3 on
+  ///         a Llama-like layer (d_model 4096, 32/8 heads, head_dim 128, 300
+  ///         tokens; tests/bf16_layer_test.cpp, ceiling 2e-2), at most 7.6e-3
+  ///         on the PyTorch golden cases (fp32 fallback unit, AVX2; the bf16
+  ///         units sum in another order). Results are bit-identical for any
+  ///         thread count, chunking and batching, as for f32, on one machine
+  ///         and bf16 unit.
+  kvhead::precision precision = kvhead::precision::f32;
 };
 
 /// One nn.Linear: weight [out_features, in_features] row-major, y = x Wᵀ + b.
-/// bias may be null.
+/// bias may be null. The weight is given either as floats (weight) or as
+/// bfloat16 bit patterns (weight_bf16, the same layout; the top 16 bits of
+/// each float), exactly one of them: a bf16 checkpoint's tensor is then used
+/// as it is by a bf16 layer (attention_config::precision), and widened
+/// exactly by an f32 one.
 struct linear_weights {
   const float* weight = nullptr;
   const float* bias = nullptr;
+  const std::uint16_t* weight_bf16 = nullptr;
 };
 
 /// q_proj [H d, d_model], k_proj and v_proj [G d, d_model], o_proj [d_model, H d];
@@ -245,8 +277,9 @@ class KVHEAD_API attention_layer {
   /// Errors (std::invalid_argument naming the field): num_heads, head_dim or
   /// d_model 0, num_kv_heads not dividing num_heads, a non-finite scale or
   /// rope_theta, RoPE with an odd head_dim, weight sizes overflowing
-  /// std::size_t, a null weight, a logit_softcap negative or not finite, a
-  /// sink not finite.
+  /// std::size_t, a null weight, a weight given neither or both ways
+  /// (weight, weight_bf16), a logit_softcap negative or not finite, a sink
+  /// not finite, a precision other than f32 or bf16.
   attention_layer(const attention_config& config, const attention_weights& weights);
   ~attention_layer();
   attention_layer(attention_layer&&) noexcept;

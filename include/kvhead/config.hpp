@@ -10,6 +10,18 @@
 // test a path end to end, or to reproduce results across machines). Asking for
 // a path this CPU cannot run, or for an unknown name, is an error: the call
 // that needs the path throws std::runtime_error naming the problem.
+//
+// bf16 GEMMs (bf16 precision) run on the best bf16 unit that works: AMX-BF16
+// tiles, else AVX512-BF16 (vdpbf16ps), else the fp32 kernels of the SIMD path
+// on bf16-rounded inputs; AMX is used only after the OS grants its tile state
+// and a one-time self-test passes (`kvhead kernels` says why a unit is not
+// used). KVHEAD_ISA's two levels above avx512 name a unit:
+//   amx         AMX-BF16 (with the avx512 path for fp32 work);
+//   avx512bf16  AVX512-BF16, never AMX (with the avx512 path);
+// the fp32 levels (avx512, avx2, sse2) leave bf16 GEMMs on the fp32 fallback of
+// that path. Asking for a unit this CPU, its OS or the self-test refuses is an
+// error, as for a path. Each unit sums in its own order: results are
+// bit-identical on one machine for one unit, not across units.
 #pragma once
 
 #include <cstddef>
@@ -36,8 +48,16 @@ enum class kv_dtype { f32, bf16, f16, int8 };
 /// "f32", "bf16", "f16" or "int8".
 KVHEAD_API const char* to_string(kv_dtype dtype);
 
-/// The path kvhead uses (best supported, or KVHEAD_ISA). Throws
-/// std::runtime_error when KVHEAD_ISA is unknown or above what the CPU runs.
+/// How an attention_layer computes (attention.hpp, attention_config::precision):
+/// f32 throughout, or bf16 weights and GEMM inputs with fp32 accumulation.
+enum class precision { f32, bf16 };
+
+/// "f32" or "bf16".
+KVHEAD_API const char* to_string(precision value);
+
+/// The path kvhead uses (best supported, or KVHEAD_ISA; avx512 for
+/// KVHEAD_ISA=amx or avx512bf16). Throws std::runtime_error when KVHEAD_ISA
+/// is unknown or above what the CPU runs.
 KVHEAD_API simd_path active_simd_path();
 
 /// Every path this CPU and OS can run, best first (sse2 is always last).

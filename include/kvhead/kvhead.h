@@ -115,6 +115,15 @@ typedef struct kvh_cache kvh_cache;
    output attending to it NaN). Attention reads them in place, in fp32. */
 typedef enum kvh_kv_dtype { KVH_KV_F32 = 0, KVH_KV_BF16, KVH_KV_F16, KVH_KV_INT8 } kvh_kv_dtype;
 
+/* How a layer computes (kvhead::precision, attention.hpp's
+   attention_config::precision): f32 throughout, or bf16 weights (a BF16
+   file's as they are, others rounded to nearest even at open) with each
+   projection's input, q, k, v and the attention probabilities rounded to
+   bf16, fp32 accumulation and outputs (max |y - y_f32| / max |y_f32| about
+   3.1e-3 on a Llama-sized layer). Results stay bit-identical for any thread
+   count, chunking and batching. */
+typedef enum kvh_precision { KVH_PRECISION_F32 = 0, KVH_PRECISION_BF16 } kvh_precision;
+
 typedef struct kvh_layer_options {
   size_t struct_size;               /* sizeof(kvh_layer_options); set by kvh_layer_options_init */
   int32_t num_heads, num_kv_heads;  /* num_kv_heads 0 = num_heads */
@@ -129,12 +138,13 @@ typedef struct kvh_layer_options {
   const float* sinks;               /* gpt-oss attention sinks: num_heads finite logits (head h's at
                                        sinks[h]) that join each row's softmax denominator and carry no
                                        value; copied by kvh_layer_open; NULL = none */
+  int32_t precision;                /* a kvh_precision: how the layer computes; 0 = f32 */
   /* Later versions add fields here, each documented with its default. */
 } kvh_layer_options;
 
 /* The defaults: num_heads 0 (must be set), num_kv_heads 0, rope_theta 0,
    scale 0, prefix NULL, threads 0, kv_dtype KVH_KV_F32, logit_softcap 0,
-   sinks NULL; struct_size = the library's
+   sinks NULL, precision KVH_PRECISION_F32; struct_size = the library's
    sizeof(kvh_layer_options). Through the macro below, C and C++ programs call
    kvh_layer_options_init_sized with their own sizeof. A NULL options is
    ignored. */

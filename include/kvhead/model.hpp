@@ -10,7 +10,8 @@
 // mistral, qwen2, qwen3 (QK-norm), phi3 (fused qkv_proj, partial rotary),
 // gemma2 (query_pre_attn_scalar, logit soft-capping attn_logit_softcapping:
 // absent 50, null none) and gpt_oss (attention sinks self_attn.sinks, all four
-// biases, yarn RoPE); weights F32, F16 or BF16, widened to f32 at load.
+// biases, yarn RoPE); weights F32, F16 or BF16 (BF16 kept as bf16 for
+// attention_config::precision bf16, else widened to f32 exactly).
 // Sliding-window layers (Mistral's sliding_window, Qwen 2's
 // use_sliding_window from max_window_layers on, Gemma 2's and gpt-oss's even
 // layers, layer_types "sliding_attention") get attention_config::sliding_window;
@@ -40,5 +41,9 @@ KVHEAD_API attention_config model_layer_config(const std::string& folder, std::s
 
 /// Layer `layer` of the model folder, its weights loaded and packed.
 KVHEAD_API attention_layer load_model_layer(const std::string& folder, std::size_t layer);
+
+/// The same, computing in `compute` (attention_config::precision): with bf16,
+/// a BF16 checkpoint's weights are packed as they are, never widened.
+KVHEAD_API attention_layer load_model_layer(const std::string& folder, std::size_t layer, precision compute);
 
 }  // namespace kvhead

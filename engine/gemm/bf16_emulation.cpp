@@ -1,0 +1,101 @@
+#include "engine/gemm/bf16_emulation.hpp"
+
+#include <array>
+#include <cmath>
+#include <utility>
+
+namespace kvhead::engine {
+namespace {
+
+float flushed(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
+float operand(bf16_bits x) { return flushed(widen_bf16(x)); }
+float fused(float a, float b, float acc) { return flushed(std::fma(a, b, flushed(acc))); }
+
+constexpr std::size_t skinny_rows = bf16_skinny_rows, skinny_panels = bf16_skinny_panels;
+
+// acc + beta * C for a row of 32 * panels results (fp32, as the kernels do it).
+void store(const bf16_microkernel_params& params, std::size_t row, const float* acc, std::size_t cols) {
+  float* c = params.c + row * params.ldc;
+  for (std::size_t col = 0; col < cols; ++col) c[col] = params.beta == 0.0f ? acc[col] : acc[col] + params.beta * c[col];
+}
+
+template <std::size_t Rows, std::size_t Panels>
+void emulated_avx512bf16(const bf16_microkernel_params& params) {
+  constexpr std::size_t mr = avx512bf16_mr;
+  for (std::size_t row = 0; row < Rows; ++row) {
+    float acc[32 * Panels] = {};
+    for (std::size_t panel = 0; panel < Panels; ++panel)
+      for (std::size_t q = 0; q < params.pairs; ++q) {
+        const bf16_bits* a = params.a_panel + (q * mr + row) * 2;
+        const bf16_bits* b = params.b_panels + panel * params.b_panel_stride + q * 64;
+        for (std::size_t lane = 0; lane < 32; ++lane)
+          acc[panel * 32 + lane] =
+              emulate_vdpbf16ps(acc[panel * 32 + lane], a[0], a[1], b[lane * 2], b[lane * 2 + 1]);
+      }
+    store(params, row, acc, 32 * Panels);
+  }
+}
+
+template <std::size_t Rows>
+void emulated_amx(const bf16_microkernel_params& params) {
+  for (std::size_t row = 0; row < Rows; ++row) {
+    const bf16_bits* a_row = params.a_panel + row * 2 * params.pairs;
+    float acc[32] = {};
+    bf16_bits column[32];  // one column of B for one tile step, k in order
+    for (std::size_t step = 0; step < params.pairs; step += 16)
+      for (std::size_t lane = 0; lane < 32; ++lane) {
+        for (std::size_t q = 0; q < 16; ++q)
+          for (std::size_t e = 0; e < 2; ++e) column[q * 2 + e] = params.b_panels[((step + q) * 32 + lane) * 2 + e];
+        acc[lane] = emulate_tdpbf16ps(acc[lane], a_row + step * 2, column, 16);
+      }
+    store(params, row, acc, 32);
+  }
+}
+
+template <template <std::size_t> class Kernel, std::size_t... Index>
+constexpr auto table(std::index_sequence<Index...>) {
+  return std::array<bf16_microkernel_function, sizeof...(Index)>{&Kernel<Index + 1>::run...};
+}
+template <std::size_t Panels>
+struct avx512bf16_kernel {
+  template <std::size_t Rows>
+  struct rows {
+    static void run(const bf16_microkernel_params& params) { emulated_avx512bf16<Rows, Panels>(params); }
+  };
+};
+template <std::size_t Rows>
+struct amx_kernel {
+  static void run(const bf16_microkernel_params& params) { emulated_amx<Rows>(params); }
+};
+
+}  // namespace
+
+float emulate_vdpbf16ps(float acc, bf16_bits a_even, bf16_bits a_odd, bf16_bits b_even, bf16_bits b_odd) {
+  acc = fused(operand(a_odd), operand(b_odd), acc);
+  return fused(operand(a_even), operand(b_even), acc);
+}
+
+float emulate_tdpbf16ps(float acc, const bf16_bits* a, const bf16_bits* b, std::size_t pairs) {
+  float even = 0.0f, odd = 0.0f;
+  for (std::size_t q = 0; q < pairs; ++q) {
+    even = fused(operand(a[2 * q]), operand(b[2 * q]), even);
+    odd = fused(operand(a[2 * q + 1]), operand(b[2 * q + 1]), odd);
+  }
+  return flushed(flushed(acc) + flushed(even + odd));
+}
+
+const bf16_kernels& emulated_bf16_kernels(bf16_unit unit) {
+  static constexpr auto avx512bf16_table =
+      table<avx512bf16_kernel<1>::rows>(std::make_index_sequence<avx512bf16_mr>{});
+  static constexpr auto skinny_table =
+      table<avx512bf16_kernel<skinny_panels>::rows>(std::make_index_sequence<skinny_rows>{});
+  static constexpr auto amx_table = table<amx_kernel>(std::make_index_sequence<amx_mr>{});
+  static const bf16_kernels avx512bf16{bf16_unit::avx512bf16,  bf16_a_layout::pairs, avx512bf16_mr, 1,
+                                       avx512bf16_table.data(), skinny_rows,          skinny_panels, skinny_table.data(),
+                                       nullptr,                 nullptr};
+  static const bf16_kernels amx{bf16_unit::amx, bf16_a_layout::tile_rows, amx_mr, 16, amx_table.data(), 0, 0,
+                                nullptr,        nullptr,                  nullptr};
+  return unit == bf16_unit::amx ? amx : avx512bf16;
+}
+
+}  // namespace kvhead::engine

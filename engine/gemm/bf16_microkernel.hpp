@@ -1,0 +1,101 @@
+// The bf16 micro-kernel contract (units avx512bf16 and amx; the fp32
+// fallback runs the fp32 micro-kernels, microkernel.hpp).
+//
+//   C[0:rows, 0:32 * panels] := acc + beta * C     (beta == 0: C is not read)
+//
+// acc(i, j) is the sum over the block's k of A(i, k) * B(k, j) in the unit's
+// order (below), from zero; the driver calls once per bf16_kc-deep block of
+// k, in order, with the caller's beta for the first block and 1 after.
+//
+// A_panel  bf16, MR rows (rows past the matrix are zero), packed per unit:
+//   avx512bf16  [pairs][MR][2]: row r, k = 2q + e at a_panel[(q * MR + r) * 2 + e];
+//   amx         [MR][2 * pairs] (tile rows): row r, k at a_panel[r * 2 * pairs + k].
+// B_panels `panels` packed panels of [pairs][32][2] (gemm_bf16.hpp), each
+//          b_panel_stride elements after the previous one.
+// pairs    half the block's padded depth (amx: a multiple of 16, one tile
+//          instruction's k; avx512bf16: any).
+// C        rows x (32 * panels) fp32, rows ldc apart, read (beta != 0) and
+//          written whole; the driver runs column edges on a padded copy.
+//
+// Order of the sum (fixed per unit, the same for every row and column):
+//   avx512bf16  acc = 0; for each pair q: acc = vdpbf16ps(acc, A pair, B pair)
+//               (Intel SDM: acc += a[2q+1] * b[2q+1], then acc += a[2q] * b[2q],
+//               each a fused multiply-add);
+//   amx         acc = 0; for each 16 pairs: acc = tdpbf16ps(acc, A tile, B tile)
+//               (SDM: per row and column, an even and an odd chain over the 16
+//               pairs from zero, fused, then acc += even + odd).
+// Both flush subnormal inputs and results to zero and round to nearest even,
+// whatever MXCSR says. bf16_emulation.hpp computes the same in scalar code.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "engine/gemm/gemm_bf16.hpp"
+
+namespace kvhead::engine {
+
+/// Register and tile blocking of the units (the kernels and their emulation).
+///   avx512bf16  12 rows x 32 columns: 24 zmm accumulators + 2 B vectors + 1
+///               broadcast of an A pair = 27 of 32 registers; 24 chains cover
+///               vdpbf16ps's latency on two ports. Skinny: 1 or 2 rows x 4
+///               panels (128 columns): 8 or 16 accumulators + 8 B vectors + 1
+///               broadcast <= 25 registers, B streamed once (3 and 4 rows
+///               run the 1-panel kernel: 6 and 8 chains).
+///   amx         32 x 32: 4 accumulator tiles (2 A tiles of 16 rows x 32 k,
+///               2 B tiles of 16 pairs x 16 columns), 8 tiles in all.
+inline constexpr std::size_t avx512bf16_mr = 12, amx_mr = 32, bf16_skinny_rows = 2, bf16_skinny_panels = 4;
+static_assert(avx512bf16_mr * 2 + 3 <= 32 && bf16_skinny_rows * 2 * bf16_skinny_panels + 2 * bf16_skinny_panels + 1 <= 32);
+static_assert(amx_mr == 2 * 16 && bf16_nr == 2 * 16);
+
+struct bf16_microkernel_params {
+  const bf16_bits* a_panel;
+  const bf16_bits* b_panels;
+  std::size_t b_panel_stride;  // elements
+  std::size_t pairs;
+  float beta;
+  float* c;
+  std::size_t ldc;
+};
+
+using bf16_microkernel_function = void (*)(const bf16_microkernel_params&);
+
+/// How A is packed for a unit (see above).
+enum class bf16_a_layout { pairs, tile_rows };
+
+/// The kernels of one unit, as the untemplated driver (gemm_bf16.cpp) uses
+/// them: one per row count 1..mr for `panels` = 1, and the skinny kernels
+/// for rows 1..skinny_rows over skinny_panels panels at once (few rows of A,
+/// decode projections: enough independent accumulators to hide latency).
+/// begin_task / end_task (may be null) run around each task on its thread
+/// (AMX: load the tile configuration, release the tiles).
+struct bf16_kernels {
+  bf16_unit unit;
+  bf16_a_layout a_layout;
+  std::size_t mr;
+  std::size_t pair_multiple;  // pairs is padded to a multiple of this
+  const bf16_microkernel_function* kernels;  // [rows - 1]
+  std::size_t skinny_rows, skinny_panels;
+  const bf16_microkernel_function* skinny;  // [rows - 1], or null
+  void (*begin_task)();
+  void (*end_task)();
+};
+
+/// The hardware kernels of `unit` (avx512bf16 or amx), compiled in
+/// engine/gemm/kernels_<unit>.cpp.
+const bf16_kernels& avx512bf16_kernels();
+const bf16_kernels& amx_kernels();
+
+/// The one-time self-test of a unit (bf16_units.cpp): "" when `kernels`
+/// reproduce their emulation bit for bit on a small GEMM whose partial sums
+/// are all exact, else why not — also when they raise SIGILL or SIGSEGV,
+/// which is caught (on this thread, while the test runs).
+std::string bf16_self_test(const bf16_kernels& kernels);
+
+/// gemm_bf16 through the given kernels (the hardware ones, or the scalar
+/// emulation of bf16_emulation.hpp over the same packed buffers): B must be
+/// packed for kernels.unit. The checks of gemm_bf16 except that the unit runs here.
+void gemm_bf16_with(const bf16_kernels& kernels, gemm_shape shape, gemm_operand a, const packed_bf16_b& b, float beta,
+                    float* c, std::size_t ldc);
+
+}  // namespace kvhead::engine

@@ -1,0 +1,40 @@
+// What the GEMM drivers (gemm.cpp, gemm_bf16.cpp) share: the argument checks
+// of their public entry points and the split of a step's work over threads.
+#pragma once
+
+#include <cstddef>
+
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include "engine/gemm/gemm.hpp"
+
+namespace kvhead::engine {
+
+inline std::size_t round_up(std::size_t value, std::size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+inline std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
+
+/// op(X) is rows x cols: throws std::invalid_argument ("gemm: ...") for a
+/// null X or a leading dimension below its row length (nothing when empty).
+void validate_operand(const char* name, gemm_operand operand, std::size_t rows, std::size_t cols);
+
+/// C is m x n: throws for a null C or ldc < n (nothing when empty).
+void validate_c(const float* c, std::size_t ldc, std::size_t m, std::size_t n);
+
+/// Runs body(i) for i in [0, count): in parallel when the step is worth it
+/// (and no gemm_serial_scope is open on this thread). Which thread runs an
+/// index never changes what it computes.
+template <class Body>
+void for_each_index(std::size_t count, double flops, const Body& body) {
+  constexpr double serial_below_flops = 2e6;  // ~20 us: below this, task overhead dominates
+  if (count < 2 || flops < serial_below_flops || gemm_serial_scope::active() ||
+      tbb::this_task_arena::max_concurrency() < 2) {
+    for (std::size_t i = 0; i < count; ++i) body(i);
+    return;
+  }
+  tbb::parallel_for(std::size_t{0}, count, body);
+}
+
+}  // namespace kvhead::engine

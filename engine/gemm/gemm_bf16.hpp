@@ -1,0 +1,115 @@
+// bf16 GEMM, row-major:  C = round_bf16(op(A)) * B + beta * C
+//
+//   op(A) is m x k, fp32 (gemm_operand, as for gemm()), rounded to the
+//         nearest even bf16 (round_to_bf16) as it is packed;
+//   B     is k x n, stored bf16, packed once (packed_bf16_b) in the layout
+//         of the unit that multiplies;
+//   C     is m x n fp32 (c[i*ldc + j], ldc >= n); fp32 accumulation.
+// m or n = 0 does nothing; k = 0 gives C = beta * C; beta = 0 overwrites C
+// (NaN in the old C never reaches the result). shape.k must equal B's k and
+// shape.n be at most B's n (the leading columns). Bad arguments throw
+// std::invalid_argument naming the problem, as gemm() does.
+//
+// Units (bf16_unit), best first, chosen once per process (active_bf16_unit):
+//   amx            AMX-BF16 tiles (tdpbf16ps), Intel Sapphire Rapids on;
+//   avx512bf16     AVX512-BF16 vdpbf16ps (Intel Cooper Lake on, AMD Zen 4);
+//   fp32_fallback  every CPU: B's bf16 elements widened to fp32 in the fp32
+//                  micro-kernel of a SIMD path, A rounded as it is packed —
+//                  the bits of gemm() on the rounded inputs (same order).
+// KVHEAD_ISA limits the unit: amx and avx512bf16 name a unit (an error when
+// the CPU or OS lacks it), avx512, avx2 and sse2 leave the fp32 fallback on
+// that fp32 path (kvhead/config.hpp).
+//
+// Determinism. For one unit (and, for the fallback, one SIMD path) on one
+// machine, C(i, j) depends only on row i of A, column j of B and C(i, j):
+// bit-identical for any m, n, thread count or other rows. Different units
+// sum in different orders (and the bf16 instructions flush subnormals), so
+// their results differ in the last bits.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "engine/arch/aligned_buffer.hpp"
+#include "engine/gemm/gemm.hpp"
+#include "engine/gemm/stored_element.hpp"
+#include "kvhead/config.hpp"
+
+namespace kvhead::engine {
+
+enum class bf16_unit { amx, avx512bf16, fp32_fallback };
+
+/// "amx", "avx512bf16" or "fp32_fallback".
+const char* to_string(bf16_unit unit);
+
+/// The best unit that works on this CPU, limited by KVHEAD_ISA (fixed at
+/// first use). Throws std::runtime_error when KVHEAD_ISA names a unit this
+/// CPU, its OS or the unit's self-test refuses.
+bf16_unit active_bf16_unit();
+
+/// Why the active unit is not a better one ("" when it is the best there
+/// is): a missing CPUID bit, OS state, a refused AMX permission, a failed
+/// self-test, or KVHEAD_ISA. For `kvhead kernels` and `kvhead --version`.
+const std::string& bf16_unit_reason();
+
+/// Whether `unit` can run here (CPUID, OS state, for AMX its permission
+/// request, and the unit's self-test), whatever KVHEAD_ISA says; and if not,
+/// why ("" when it can). Decided once per process.
+bool bf16_unit_runs_here(bf16_unit unit);
+const std::string& bf16_unit_refusal(bf16_unit unit);
+
+/// Layout of a packed_bf16_b, per unit (the driver and the kernels read it):
+///   fp32_fallback  packed_b_view's layout for the SIMD path (gemm.hpp), bf16
+///                  elements;
+///   avx512bf16, amx  for each bf16_kc-deep block of k (in order), the
+///                  ceil(n / bf16_nr) panels of that block, each
+///                  [depth / 2][bf16_nr][2]: element (k, col) of the block
+///                  at ((k / 2) * bf16_nr + col) * 2 + k % 2 — two
+///                  consecutive k of one column side by side, as vdpbf16ps
+///                  and tdpbf16ps read them. The last block's depth is
+///                  padded with zero rows to a multiple of 2 (avx512bf16) or
+///                  of 32 (amx: whole tile steps); columns past n are zero.
+///                  Block k0 starts at element k0 * round_up(n, bf16_nr).
+inline constexpr std::size_t bf16_nr = 32;   // two zmm of 16 fp32 lanes; two 16-column AMX tiles
+inline constexpr std::size_t bf16_kc = 256;  // depth of one sum block; a multiple of the AMX tile's 32
+static_assert(bf16_kc % 32 == 0 && bf16_nr % 16 == 0);
+
+/// op(B) (k x n), stored bf16, packed once in the layout `unit` reads (see
+/// above). Holds its own copy: the source may be freed. Packing for a unit
+/// this CPU cannot run is allowed (tests read the layout); multiplying with
+/// it is an error.
+class packed_bf16_b {
+ public:
+  /// op(B) from bf16 elements: B itself (b[p*ldb + j], ldb >= n) or,
+  /// transposed, B is n x k (b[j*ldb + p], ldb >= k).
+  packed_bf16_b(std::size_t k, std::size_t n, const bf16_bits* b, std::size_t ldb, transpose trans,
+                bf16_unit unit = active_bf16_unit(), simd_path fallback_path = active_simd_path());
+  /// op(B) from fp32, rounded to nearest even as it is packed.
+  packed_bf16_b(std::size_t k, std::size_t n, gemm_operand b_fp32, bf16_unit unit = active_bf16_unit(),
+                simd_path fallback_path = active_simd_path());
+
+  std::size_t k() const { return k_; }
+  std::size_t n() const { return n_; }
+  bf16_unit unit() const { return unit_; }
+  /// The fp32 path whose micro-kernel the fp32_fallback unit runs.
+  simd_path fallback_path() const { return path_; }
+  /// Bytes of the packed panels.
+  std::size_t bytes() const { return elements_ * sizeof(bf16_bits); }
+  /// The packed elements (layout above).
+  const bf16_bits* panels() const { return reinterpret_cast<const bf16_bits*>(panels_.data()); }
+
+ private:
+  template <class Element>
+  void pack(const Element& element, bool contiguous_in_k);
+
+  std::size_t k_, n_;
+  bf16_unit unit_;
+  simd_path path_;
+  std::size_t elements_ = 0;
+  aligned_buffer panels_;
+};
+
+/// C = round_bf16(op(A)) * B + beta * C (see the top of this file), on B's unit.
+void gemm_bf16(gemm_shape shape, gemm_operand a, const packed_bf16_b& b, float beta, float* c, std::size_t ldc);
+
+}  // namespace kvhead::engine
