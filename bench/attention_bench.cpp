@@ -29,7 +29,7 @@ void kvhead::bench::kvhead_prefill(const prefill_shape& shape, const prefill_inp
   const head_tensor<float> o = head_tensor<float>::bhsd(out, shape.heads, shape.tokens, shape.head_dim);
   if (compute == precision::bf16) {  // the public SDPA is fp32: the engine's tiles in bf16 precision
     const float scale = float(1.0 / std::sqrt(double(shape.head_dim)));
-    engine::flash_attention({dims, q, k, v, o, scale, true, 0, nullptr, nullptr, active_simd_path(), compute});
+    engine::flash_attention({dims, q, k, v, o, scale, true, 0, nullptr, nullptr, active_simd_path(), 0, {}, compute});
     return;
   }
   attention_options options;

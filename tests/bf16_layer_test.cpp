@@ -112,6 +112,8 @@ TEST_CASE("bf16 attention: probabilities rounded per chunk, against the double r
             nullptr,
             nullptr,
             path,
+            0,
+            {},
             compute};
         kvhead::engine::flash_attention(problem);
         const agreement result = agree(out, expected.out);

@@ -156,7 +156,7 @@ std::vector<std::size_t> awkward_sizes(const unit_case& u) {
 
 }  // namespace
 
-TEST_CASE("round_to_bf16: nearest even, as the reference rounds; NaN stays quiet NaN, Inf stays Inf") {
+TEST_CASE("round_to_bf16: nearest even, as the reference rounds, NaN stays quiet NaN, Inf stays Inf") {
   std::mt19937 generator(12);
   std::size_t wrong = 0;
   for (int i = 0; i < 200000; ++i) {
@@ -384,7 +384,7 @@ bf16_kernels replaced(bf16_kernels kernels, const bf16_microkernel_function* tab
 
 }  // namespace
 
-TEST_CASE("bf16 self-test: the emulation passes; a wrong or faulting kernel is refused, never a crash") {
+TEST_CASE("bf16 self-test: the emulation passes, a wrong or faulting kernel is refused, never a crash") {
   for (bf16_unit unit : {bf16_unit::amx, bf16_unit::avx512bf16}) {
     CAPTURE(std::string(to_string(unit)));
     const bf16_kernels& emulated = emulated_bf16_kernels(unit);
