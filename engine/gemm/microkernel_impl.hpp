@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include <xsimd/xsimd.hpp>
@@ -50,23 +51,39 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
     for (std::size_t v = 0; v < vectors; ++v)
       acc[row][v] = accumulate ? batch::load_unaligned(params.c + row * params.ldc + v * batch::size) : batch(0.0f);
 
-  const float* a = params.a;
-  const std::size_t a_row_stride = params.a_row_stride, a_k_stride = params.a_k_stride;
-  const Element* b = static_cast<const Element*>(params.b_panel);
-  // Without a next panel the prefetches touch the rows about to be loaded.
-  const Element* b_next = params.b_next != nullptr ? static_cast<const Element*>(params.b_next) : b;
-  for (std::size_t k = 0; k < params.k_depth; ++k, a += a_k_stride, b += params.b_row_stride) {
-    __builtin_prefetch(b_next + k * params.b_row_stride);
-    batch b_row[vectors];
+  // The k loop over A's strides: compile-time constants for a packed A
+  // panel (1 along rows, MR along k: no index arithmetic in the loop), the
+  // caller's for an A read in place; with the next call's B prefetched
+  // (row k at step k) only when the caller names it. Same arithmetic in
+  // every variant.
+  const Element* const b_panel = static_cast<const Element*>(params.b_panel);
+  const Element* const b_next = static_cast<const Element*>(params.b_next);
+  const auto k_loop = [&](auto a_row_stride, auto a_k_stride, auto prefetch) {
+    const float* a = params.a;
+    const Element* b = b_panel;
+    for (std::size_t k = 0; k < params.k_depth; ++k, a += a_k_stride, b += params.b_row_stride) {
+      if constexpr (decltype(prefetch)::value) __builtin_prefetch(b_next + k * params.b_row_stride);
+      batch b_row[vectors];
 #pragma GCC unroll 4
-    for (std::size_t v = 0; v < vectors; ++v) b_row[v] = widen(Arch{}, b + v * batch::size);
+      for (std::size_t v = 0; v < vectors; ++v) b_row[v] = widen(Arch{}, b + v * batch::size);
 #pragma GCC unroll 16
-    for (std::size_t row = 0; row < rows; ++row) {
-      const batch a_value(a[row * a_row_stride]);
+      for (std::size_t row = 0; row < rows; ++row) {
+        const batch a_value(a[row * a_row_stride]);
 #pragma GCC unroll 4
-      for (std::size_t v = 0; v < vectors; ++v) acc[row][v] = multiply_add(a_value, b_row[v], acc[row][v]);
+        for (std::size_t v = 0; v < vectors; ++v) acc[row][v] = multiply_add(a_value, b_row[v], acc[row][v]);
+      }
     }
-  }
+  };
+  const auto with_a = [&](auto prefetch) {
+    if (params.a_row_stride == 1 && params.a_k_stride == MR)
+      k_loop(std::integral_constant<std::size_t, 1>{}, std::integral_constant<std::size_t, MR>{}, prefetch);
+    else
+      k_loop(params.a_row_stride, params.a_k_stride, prefetch);
+  };
+  if (b_next != nullptr)
+    with_a(std::true_type{});
+  else
+    with_a(std::false_type{});
 
   const batch alpha(params.alpha);
   const batch beta(params.beta);
