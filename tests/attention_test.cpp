@@ -35,7 +35,7 @@ struct sdpa_setup {
   bool explicit_offset = false;
   bool padded = false;  // valid_len < kv_len for some batch elements
   bool additive = false;
-  std::size_t window = 0;  // sliding window, 0: none
+  std::size_t window = 0;      // sliding window, 0: none
   float logit_softcap = 0.0f;  // > 0: soft-capping
   bool sinks = false;          // one sink logit per query head
   float q_gain = 1.0f;         // q ~ N(0, q_gain^2): scores far beyond the cap
@@ -269,6 +269,44 @@ TEST_CASE(
   }
 }
 
+namespace {
+
+// Each query at `positions` of the causal prefill `setup`, run alone as a
+// one-row decode step over the keys [0, position] at every thread count of
+// `thread_counts`, gives the bits of its row of the prefill.
+void check_decode_steps_match_prefill(const sdpa_setup& setup, simd_path path, std::mt19937& generator,
+                                      std::initializer_list<std::size_t> positions,
+                                      std::initializer_list<int> thread_counts) {
+  const sdpa_data data = make_data(setup, generator);
+  std::vector<float> full;
+  kvhead::engine::flash_attention(make_problem(setup, data, full, path));
+  for (std::size_t position : positions) {
+    sdpa_setup step = setup;
+    step.dims.q_len = 1;
+    step.dims.kv_len = position + 1;
+    sdpa_data step_data = data;
+    step_data.q_view.data = data.q.data() + position * setup.dims.head_dim;
+    step_data.q_offset = position;
+    for (int threads : thread_counts) {
+      std::vector<float> out;
+      auto problem = make_problem(step, step_data, out, path);
+      problem.out = head_tensor<float>{out.data(), 0, setup.dims.head_dim, 0};
+      tbb::task_arena arena(threads);
+      arena.execute([&] { kvhead::engine::flash_attention(problem); });
+      for (std::size_t h = 0; h < setup.dims.num_heads; ++h) {
+        INFO("path " << std::string(kvhead::to_string(path)) << " window " << setup.window << " softcap "
+                     << setup.logit_softcap << " sinks " << setup.sinks << " position " << position << " threads "
+                     << threads << " head " << h);
+        CHECK(std::memcmp(out.data() + h * setup.dims.head_dim,
+                          full.data() + (h * setup.dims.q_len + position) * setup.dims.head_dim,
+                          setup.dims.head_dim * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 TEST_CASE("attention with a sliding window: a decode step equals its row of the prefill at 1, 2, 3 and 8 threads") {
   for (simd_path path : kvhead::supported_simd_paths())
     for (std::size_t window : {1, 2, 255, 256, 257}) {
@@ -277,31 +315,7 @@ TEST_CASE("attention with a sliding window: a decode step equals its row of the 
       setup.dims = {1, 8, 2, 700, 700, 24};
       setup.causal = true;
       setup.window = window;
-      const sdpa_data data = make_data(setup, generator);
-      std::vector<float> full;
-      kvhead::engine::flash_attention(make_problem(setup, data, full, path));
-      for (std::size_t position : {0, 1, 255, 256, 257, 511, 512, 699}) {
-        sdpa_setup step = setup;
-        step.dims.q_len = 1;
-        step.dims.kv_len = position + 1;
-        sdpa_data step_data = data;
-        step_data.q_view.data = data.q.data() + position * setup.dims.head_dim;
-        step_data.q_offset = position;
-        for (int threads : {1, 2, 3, 8}) {
-          std::vector<float> out;
-          auto problem = make_problem(step, step_data, out, path);
-          problem.out = head_tensor<float>{out.data(), 0, setup.dims.head_dim, 0};
-          tbb::task_arena arena(threads);
-          arena.execute([&] { kvhead::engine::flash_attention(problem); });
-          for (std::size_t h = 0; h < setup.dims.num_heads; ++h) {
-            INFO("path " << std::string(kvhead::to_string(path)) << " window " << window << " position " << position
-                         << " threads " << threads << " head " << h);
-            CHECK(std::memcmp(out.data() + h * setup.dims.head_dim,
-                              full.data() + (h * setup.dims.q_len + position) * setup.dims.head_dim,
-                              setup.dims.head_dim * sizeof(float)) == 0);
-          }
-        }
-      }
+      check_decode_steps_match_prefill(setup, path, generator, {0, 1, 255, 256, 257, 511, 512, 699}, {1, 2, 3, 8});
     }
 }
 
@@ -566,29 +580,7 @@ TEST_CASE(
       setup.logit_softcap = variants ? 8.0f : 0.0f;
       setup.sinks = variants;
       setup.q_gain = variants ? 10.0f : 1.0f;
-      const sdpa_data data = make_data(setup, generator);
-      std::vector<float> full;
-      kvhead::engine::flash_attention(make_problem(setup, data, full, path));
-      for (std::size_t position : {0, 1, 130, 255, 256, 257, 511, 599}) {
-        // The same query as a one-row decode step over the keys [0, position].
-        sdpa_setup step = setup;
-        step.dims.q_len = 1;
-        step.dims.kv_len = position + 1;
-        sdpa_data step_data = data;
-        step_data.q_view.data = data.q.data() + position * setup.dims.head_dim;
-        step_data.q_offset = position;
-        std::vector<float> out;
-        auto problem = make_problem(step, step_data, out, path);
-        problem.out = head_tensor<float>{out.data(), 0, setup.dims.head_dim, 0};
-        kvhead::engine::flash_attention(problem);
-        for (std::size_t h = 0; h < setup.dims.num_heads; ++h) {
-          INFO("path " << std::string(kvhead::to_string(path)) << " position " << position << " head " << h
-                       << " variants " << variants);
-          CHECK(std::memcmp(out.data() + h * setup.dims.head_dim,
-                            full.data() + (h * setup.dims.q_len + position) * setup.dims.head_dim,
-                            setup.dims.head_dim * sizeof(float)) == 0);
-        }
-      }
+      check_decode_steps_match_prefill(setup, path, generator, {0, 1, 130, 255, 256, 257, 511, 599}, {1, 2});
     }
 }
 

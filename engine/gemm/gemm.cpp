@@ -217,8 +217,7 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
                                 ldc,
                                 i.page > 0,  // row pages: continue the chain
                                 b_prefetch};
-      run_tile(config, packed_tail ? kv_dtype::f32 : block.element, params, span.rows,
-               std::min(config.nr, cols - col));
+      run_tile(config, packed_tail ? kv_dtype::f32 : block.element, params, span.rows, std::min(config.nr, cols - col));
       i = next;
       b = b_next;
     }
@@ -355,8 +354,8 @@ void validate_fixed_b(const char* kind, gemm_shape shape, gemm_operand a, std::s
   validate_c(c, ldc, shape.m, shape.n);
 }
 
-void multiply_prepacked(gemm_shape shape, float alpha, gemm_operand a, a_rounding rounding, packed_b_view b,
-                        float beta, float* c, std::size_t ldc) {
+void multiply_prepacked(gemm_shape shape, float alpha, gemm_operand a, a_rounding rounding, packed_b_view b, float beta,
+                        float* c, std::size_t ldc) {
   validate_fixed_b("packed", shape, a, b.k, b.n, c, ldc);
   const gemm_config config = gemm_config_for(b.path);
   const std::size_t element_size = element_bytes(b.element);
