@@ -1,5 +1,9 @@
 # Counts vfmadd instructions on zmm registers in the object file of the
-# AVX-512 kernels; fails when there are none.
+# AVX-512 kernels (or the instructions INSTRUCTION matches, a regular
+# expression, in the object PATTERN names); fails when there are none.
+if(NOT INSTRUCTION)
+  set(INSTRUCTION "vfmadd[0-9]+ps[^\n]*zmm")
+endif()
 foreach(object IN LISTS OBJECTS)
   if(object MATCHES "/${PATTERN}\\.cpp\\.o$")
     set(target_object "${object}")
@@ -13,9 +17,9 @@ execute_process(COMMAND objdump -d --no-show-raw-insn "${target_object}"
 if(NOT status EQUAL 0)
   message(FATAL_ERROR "objdump failed on ${target_object}")
 endif()
-string(REGEX MATCHALL "vfmadd[0-9]+ps[^\n]*zmm" fma_instructions "${disassembly}")
+string(REGEX MATCHALL "${INSTRUCTION}" fma_instructions "${disassembly}")
 list(LENGTH fma_instructions fma_count)
-message(STATUS "${target_object}: ${fma_count} zmm FMA instructions")
+message(STATUS "${target_object}: ${fma_count} matching instructions")
 if(fma_count EQUAL 0)
-  message(FATAL_ERROR "the AVX-512 kernels contain no zmm FMA instruction")
+  message(FATAL_ERROR "${PATTERN}.cpp contains no instruction matching ${INSTRUCTION}")
 endif()
