@@ -182,6 +182,14 @@ TEST_CASE("gemm determinism: a row of C is bit-identical for any m, thread count
     std::vector<float> c(m * n);
     gemm({m, n, k}, 1.0f, {a.data(), k, transpose::no}, packed.view(), 0.0f, c.data(), n);
     CHECK(c == full);
+    // One or two rows over the packed B run wide tiles (several B panels per
+    // kernel call): the same bits as the rows of the full product.
+    for (std::size_t rows : {std::size_t{1}, std::size_t{2}})
+      for (std::size_t row : {std::size_t{0}, config.mr + 1, m - rows}) {
+        std::vector<float> some(rows * n);
+        gemm({rows, n, k}, 1.0f, {a.data() + row * k, k, transpose::no}, packed.view(), 0.0f, some.data(), n);
+        CHECK(std::memcmp(some.data(), full.data() + row * n, some.size() * sizeof(float)) == 0);
+      }
     // A leading block of the packed B equals the GEMM over that block unpacked.
     for (gemm_shape block :
          {gemm_shape{m, n - 7, k - 5}, gemm_shape{9, config.nr + 1, config.kc + 1}, gemm_shape{3, 1, 1}}) {

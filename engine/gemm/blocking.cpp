@@ -11,13 +11,20 @@ struct tile_lookup<Arch, std::tuple<Shapes...>> {
   static constexpr bool compiled(std::size_t mr, std::size_t nr) {
     return ((Shapes::mr == mr && Shapes::nr == nr) || ...);
   }
-  static const microkernel_function* kernels(std::size_t mr, std::size_t nr, kv_dtype element) {
+  // The tile's narrow (wide == false) or wide kernels for B stored as `element`.
+  static const microkernel_function* kernels(std::size_t mr, std::size_t nr, kv_dtype element, bool wide) {
     const microkernel_function* found = nullptr;
     ((found = found == nullptr && Shapes::mr == mr && Shapes::nr == nr
-                  ? gemm_kernels<Arch, Shapes::mr, Shapes::nr>::microkernels(element)
+                  ? (wide ? gemm_kernels<Arch, Shapes::mr, Shapes::nr>::wide_microkernels(element)
+                          : gemm_kernels<Arch, Shapes::mr, Shapes::nr>::microkernels(element))
                   : found),
      ...);
     return found;
+  }
+  static std::array<const microkernel_function*, stored_dtype_count> by_element(std::size_t mr, std::size_t nr,
+                                                                                bool wide) {
+    return {kernels(mr, nr, kv_dtype::f32, wide), kernels(mr, nr, kv_dtype::bf16, wide),
+            kernels(mr, nr, kv_dtype::f16, wide), kernels(mr, nr, kv_dtype::int8, wide)};
   }
 };
 
@@ -47,10 +54,8 @@ gemm_config gemm_config_for(simd_path path) {
                        machine.mc,
                        machine.kc,
                        machine.nc,
-                       {tiles_of<Arch>::kernels(machine.mr, machine.nr, kv_dtype::f32),
-                        tiles_of<Arch>::kernels(machine.mr, machine.nr, kv_dtype::bf16),
-                        tiles_of<Arch>::kernels(machine.mr, machine.nr, kv_dtype::f16),
-                        tiles_of<Arch>::kernels(machine.mr, machine.nr, kv_dtype::int8)},
+                       tiles_of<Arch>::by_element(machine.mr, machine.nr, false),
+                       tiles_of<Arch>::by_element(machine.mr, machine.nr, true),
                        row_stream_kernels<Arch>::row_streams()};
   });
 }

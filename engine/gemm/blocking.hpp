@@ -42,6 +42,8 @@ struct gemm_config {
   std::size_t mr, nr, mc, kc, nc;
   // microkernels[element][rows - 1], rows in 1..mr, B stored as kv_dtype `element`.
   std::array<const microkernel_function*, stored_dtype_count> microkernels;
+  // wide_microkernels[element][rows - 1], rows in 1..wide_max_rows (microkernel.hpp).
+  std::array<const microkernel_function*, stored_dtype_count> wide_microkernels;
   const row_stream_function* row_streams;  // [rows - 1], rows in 1..row_stream_max_rows
 };
 

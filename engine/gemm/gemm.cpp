@@ -193,8 +193,34 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       return ++i.a_index < end_panel ? call{i.panel, i.a_index, 0} : call{i.panel + 1, first_panel, 0};
     };
     auto done = [&](call i) { return i.panel == panel_end; };
-    call i{panel_begin, first_panel, 0};
-    for (const void* b = b_panel_at(i.panel, i.page); !done(i);) {
+    // A short single A panel (a matrix-vector product) runs wide tiles of
+    // whole in-block panels first (microkernel.hpp); every element keeps its
+    // arithmetic. Paged blocks, whose panels are not evenly spaced, do not.
+    std::size_t narrow_begin = panel_begin;
+    const panel_rows first_span = a_panel(m, config.mr, first_panel);
+    if (end_panel == first_panel + 1 && first_span.rows <= wide_max_rows && block.pages == nullptr) {
+      const std::size_t width = wide_panels(first_span.rows);
+      const std::size_t full_end =
+          std::min({panel_end, cols / config.nr, block.tail_panel != nullptr ? panels - 1 : panels});
+      const microkernel_function kernel =
+          config.wide_microkernels[static_cast<std::size_t>(block.element)][first_span.rows - 1];
+      for (; narrow_begin + width <= full_end; narrow_begin += width) {
+        microkernel_params params{a_start(first_panel),
+                                  a_row_stride,
+                                  a_k_stride,
+                                  b_panel_at(narrow_begin, 0),
+                                  block.row_stride,
+                                  depth,
+                                  alpha,
+                                  beta,
+                                  c + first_span.row0 * ldc + col0 + narrow_begin * config.nr,
+                                  ldc};
+        params.b_panel_stride = block.panel_stride;
+        kernel(params);
+      }
+    }
+    call i{narrow_begin, first_panel, 0};
+    for (const void* b = done(i) ? nullptr : b_panel_at(i.panel, i.page); !done(i);) {
       const call next = after(i);
       const void* const b_next = done(next) ? nullptr : b_panel_at(next.panel, next.page);
       // Only pages (a KV cache's blocks, scattered) need the next B named:

@@ -30,6 +30,13 @@
 // (mul then add on sse2); then C = alpha * acc + beta * C. Every element of the
 // tile gets exactly this sequence, whatever its row or column, so a row of C
 // does not depend on which other rows were computed with it.
+// Wide tiles: a kernel of ROWS <= wide_max_rows rows may also cover PANELS
+// consecutive B panels (panel j at b_panel + j * b_panel_stride elements,
+// its columns at C + j * NR): one row alone keeps only NR / W accumulator
+// chains, too few for the FMA latency, and a matrix-vector product (a decode
+// step's projections) would wait on them (Zen 3, AVX2, B in L1: one row ran
+// at 13 GFLOP/s narrow, 41 wide, of a 92 GFLOP/s peak). Each element's
+// arithmetic is the narrow kernel's.
 // accumulate (alpha and beta unused): acc = C; the same k loop; C = acc. The
 // chain of FMAs continues where the last call left it, so a depth cut into
 // pieces (the first one with alpha 1, beta 0; the rest accumulating) gives
@@ -45,8 +52,8 @@ namespace kvhead::engine {
 struct microkernel_params {
   const float* a;
   std::size_t a_row_stride, a_k_stride;  // in floats
-  const void* b_panel;       // elements of the kernel's stored type
-  std::size_t b_row_stride;  // in elements
+  const void* b_panel;                   // elements of the kernel's stored type
+  std::size_t b_row_stride;              // in elements
   std::size_t k_depth;
   float alpha;
   float beta;
@@ -54,6 +61,7 @@ struct microkernel_params {
   std::size_t ldc;
   bool accumulate = false;  // C holds the running acc (see above)
   const void* b_next = nullptr;
+  std::size_t b_panel_stride = 0;  // elements between the panels of a wide tile
 };
 
 using microkernel_function = void (*)(const microkernel_params&);
@@ -96,12 +104,21 @@ inline constexpr std::size_t row_stream_max_rows = 4;
 /// elements), one instantiation per entry of compiled_tiles<Arch>.
 template <class Arch, std::size_t MR, std::size_t NR>
 struct gemm_kernels {
-  template <class Element, std::size_t Rows>
+  template <class Element, std::size_t Rows, std::size_t Panels = 1>
   static void microkernel(const microkernel_params& params);
   /// microkernels(e)[rows - 1] is the kernel for a tile of `rows` rows,
   /// 1..MR, with B stored as e.
   static const microkernel_function* microkernels(kv_dtype element);
+  /// wide_microkernels(e)[rows - 1]: rows 1..wide_max_rows, wide_panels(rows) panels.
+  static const microkernel_function* wide_microkernels(kv_dtype element);
 };
+
+/// Wide tiles (above): rows 1..wide_max_rows, each with wide_panels(rows) B
+/// panels, so rows x panels = 4: 8 accumulator chains of 2-vector panels,
+/// which the FMA pipes of every path here need (latency 4 x 2 pipes).
+inline constexpr std::size_t wide_max_rows = 2;
+constexpr std::size_t wide_panels(std::size_t rows) { return 4 / rows; }
+static_assert(wide_panels(1) * 1 == 4 && wide_panels(wide_max_rows) * wide_max_rows == 4);
 
 /// The register tiles compiled for each path: a std::tuple of tile_shape.
 template <std::size_t MR, std::size_t NR>

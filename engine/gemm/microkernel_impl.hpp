@@ -29,25 +29,30 @@ template <class Arch>
 }
 
 template <class Arch, std::size_t MR, std::size_t NR>
-template <class Element, std::size_t Rows>
+template <class Element, std::size_t Rows, std::size_t Panels>
 void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   using batch = xsimd::batch<float, Arch>;
   constexpr std::size_t rows = Rows;
-  constexpr std::size_t vectors = NR / batch::size;
-  static_assert(NR % batch::size == 0 && Rows <= MR);
+  // The tile's vectors per row: NR / W of each of its Panels B panels, whose
+  // vector v of panel j is column (j * NR + v * W) of C.
+  constexpr std::size_t panel_vectors = NR / batch::size, vectors = Panels * panel_vectors;
+  static_assert(NR % batch::size == 0 && Rows <= MR && (Panels == 1 || Rows <= wide_max_rows));
+  const auto b_offset = [&](std::size_t v) {
+    return v / panel_vectors * params.b_panel_stride + v % panel_vectors * batch::size;
+  };
 
   // Fetch the C tile now: it is read and written only after the k loop, and
   // on large C it comes from L3 or DRAM (a stall per tile otherwise).
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < rows; ++row)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (std::size_t v = 0; v < vectors; ++v) __builtin_prefetch(params.c + row * params.ldc + v * batch::size, 1);
 
   const bool accumulate = params.accumulate;
   batch acc[rows][vectors];
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < rows; ++row)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (std::size_t v = 0; v < vectors; ++v)
       acc[row][v] = accumulate ? batch::load_unaligned(params.c + row * params.ldc + v * batch::size) : batch(0.0f);
 
@@ -64,12 +69,12 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
     for (std::size_t k = 0; k < params.k_depth; ++k, a += a_k_stride, b += params.b_row_stride) {
       if constexpr (decltype(prefetch)::value) __builtin_prefetch(b_next + k * params.b_row_stride);
       batch b_row[vectors];
-#pragma GCC unroll 4
-      for (std::size_t v = 0; v < vectors; ++v) b_row[v] = widen(Arch{}, b + v * batch::size);
+#pragma GCC unroll 8
+      for (std::size_t v = 0; v < vectors; ++v) b_row[v] = widen(Arch{}, b + b_offset(v));
 #pragma GCC unroll 16
       for (std::size_t row = 0; row < rows; ++row) {
         const batch a_value(a[row * a_row_stride]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (std::size_t v = 0; v < vectors; ++v) acc[row][v] = multiply_add(a_value, b_row[v], acc[row][v]);
       }
     }
@@ -91,7 +96,7 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < rows; ++row) {
     float* c_row = params.c + row * params.ldc;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (std::size_t v = 0; v < vectors; ++v) {
       if (accumulate) {
         acc[row][v].store_unaligned(c_row + v * batch::size);
@@ -115,6 +120,18 @@ const microkernel_function* gemm_kernels<Arch, MR, NR>::microkernels(kv_dtype el
         {&microkernel<f16_bits, Index + 1>...},
         {&microkernel<std::int8_t, Index + 1>...}}};
   }(std::make_index_sequence<MR>{});
+  return table[static_cast<std::size_t>(element)].data();
+}
+
+template <class Arch, std::size_t MR, std::size_t NR>
+const microkernel_function* gemm_kernels<Arch, MR, NR>::wide_microkernels(kv_dtype element) {
+  static constexpr auto table = []<std::size_t... Index>(std::index_sequence<Index...>) {
+    return std::array<std::array<microkernel_function, wide_max_rows>, stored_dtype_count>{{
+        {&microkernel<float, Index + 1, wide_panels(Index + 1)>...},
+        {&microkernel<bf16_bits, Index + 1, wide_panels(Index + 1)>...},
+        {&microkernel<f16_bits, Index + 1, wide_panels(Index + 1)>...},
+        {&microkernel<std::int8_t, Index + 1, wide_panels(Index + 1)>...}}};
+  }(std::make_index_sequence<wide_max_rows>{});
   return table[static_cast<std::size_t>(element)].data();
 }
 // clang-format on
