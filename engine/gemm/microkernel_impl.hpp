@@ -28,6 +28,23 @@ template <class Arch>
   return xsimd::batch<float, Arch>::load_unaligned(elements);
 }
 
+/// How the micro-kernel holds one row of a B panel of elements Element: its
+/// PanelVectors vectors of W fp32 lanes. Here, the memory order (vector v
+/// holds columns [v W, (v + 1) W)); an ISA may specialize it to widen an
+/// element type into another lane order with fewer instructions, and then
+/// maps C's rows between memory order and its own around the k loop. Lane
+/// order only moves elements between registers: no result changes.
+template <class Arch, class Element, std::size_t PanelVectors>
+struct panel_order {
+  using batch = xsimd::batch<float, Arch>;
+  [[gnu::always_inline]] static void widen_row(const Element* row, batch* lanes) {
+#pragma GCC unroll 4
+    for (std::size_t v = 0; v < PanelVectors; ++v) lanes[v] = widen(Arch{}, row + v * batch::size);
+  }
+  [[gnu::always_inline]] static void to_memory(batch*) {}
+  [[gnu::always_inline]] static void from_memory(batch*) {}
+};
+
 template <class Arch, std::size_t MR, std::size_t NR>
 template <class Element, std::size_t Rows, std::size_t Panels>
 void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
@@ -37,9 +54,7 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   // vector v of panel j is column (j * NR + v * W) of C.
   constexpr std::size_t panel_vectors = NR / batch::size, vectors = Panels * panel_vectors;
   static_assert(NR % batch::size == 0 && Rows <= MR && (Panels == 1 || Rows <= wide_max_rows));
-  const auto b_offset = [&](std::size_t v) {
-    return v / panel_vectors * params.b_panel_stride + v % panel_vectors * batch::size;
-  };
+  using order = panel_order<Arch, Element, panel_vectors>;
 
   // Fetch the C tile now: it is read and written only after the k loop, and
   // on large C it comes from L3 or DRAM (a stall per tile otherwise).
@@ -55,6 +70,11 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
 #pragma GCC unroll 8
     for (std::size_t v = 0; v < vectors; ++v)
       acc[row][v] = accumulate ? batch::load_unaligned(params.c + row * params.ldc + v * batch::size) : batch(0.0f);
+  if (accumulate)
+#pragma GCC unroll 16
+    for (std::size_t row = 0; row < rows; ++row)
+#pragma GCC unroll 4
+      for (std::size_t panel = 0; panel < Panels; ++panel) order::from_memory(acc[row] + panel * panel_vectors);
 
   // The k loop over A's strides: compile-time constants for a packed A
   // panel (1 along rows, MR along k: no index arithmetic in the loop), the
@@ -69,8 +89,9 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
     for (std::size_t k = 0; k < params.k_depth; ++k, a += a_k_stride, b += params.b_row_stride) {
       if constexpr (decltype(prefetch)::value) __builtin_prefetch(b_next + k * params.b_row_stride);
       batch b_row[vectors];
-#pragma GCC unroll 8
-      for (std::size_t v = 0; v < vectors; ++v) b_row[v] = widen(Arch{}, b + b_offset(v));
+#pragma GCC unroll 4
+      for (std::size_t panel = 0; panel < Panels; ++panel)
+        order::widen_row(b + panel * params.b_panel_stride, b_row + panel * panel_vectors);
 #pragma GCC unroll 16
       for (std::size_t row = 0; row < rows; ++row) {
         const batch a_value(a[row * a_row_stride]);
@@ -90,6 +111,10 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   else
     with_a(std::false_type{});
 
+#pragma GCC unroll 16
+  for (std::size_t row = 0; row < rows; ++row)
+#pragma GCC unroll 4
+    for (std::size_t panel = 0; panel < Panels; ++panel) order::to_memory(acc[row] + panel * panel_vectors);
   const batch alpha(params.alpha);
   const batch beta(params.beta);
   const bool read_c = !accumulate && params.beta != 0.0f;
