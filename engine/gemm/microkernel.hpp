@@ -21,7 +21,7 @@
 // beta     beta == 0 means overwrite: C is never read, so NaN or garbage in
 //          the old C cannot leak into the result.
 //
-// b_next   the B panel the next call reads (same row stride), or null (no
+// b_next   the next B panel a later call reads (same row stride), or null (no
 //          prefetch): row k of it is prefetched at step k, so while this tile computes
 //          the next one's B streams in from memory, also across pages of a
 //          paged operand that the hardware prefetchers cannot follow. A hint
