@@ -6,17 +6,13 @@
 //       8 heads, batch 4, seq 512, no mask (6.44 GFLOP);
 //   S2_prefill_gqa_causal_bf16/threads:<t>, S3_mha_layer_bf16/threads:<t>
 //       the same in bf16 precision (attention.hpp, attention_config::
-//       precision): S2 on Q/K/V rounded to bf16 beforehand, probabilities
-//       rounded for P·V; S3 a bf16 layer (bf16 weights, GEMM inputs rounded).
+//       precision): S2 the public SDPA with attention_options::precision
+//       bf16 (its rounding of Q/K/V timed with it); S3 a bf16 layer.
 // Counters: gflops, gbps (fp32 inputs and outputs once, for either precision), pct_peak.
 #include <tbb/task_arena.h>
 
-#include <cmath>
-
 #include "bench/bench_util.hpp"
 #include "bench/kvhead_runs.hpp"
-#include "engine/attention/flash_attention.hpp"
-#include "engine/gemm/stored_element.hpp"
 #include "kvhead/attention.hpp"
 
 void kvhead::bench::kvhead_prefill(const prefill_shape& shape, const prefill_inputs& in, float* out,
@@ -27,13 +23,9 @@ void kvhead::bench::kvhead_prefill(const prefill_shape& shape, const prefill_inp
   const view k = view::bhsd(in.k.data(), shape.kv_heads, shape.tokens, shape.head_dim);
   const view v = view::bhsd(in.v.data(), shape.kv_heads, shape.tokens, shape.head_dim);
   const head_tensor<float> o = head_tensor<float>::bhsd(out, shape.heads, shape.tokens, shape.head_dim);
-  if (compute == precision::bf16) {  // the public SDPA is fp32: the engine's tiles in bf16 precision
-    const float scale = float(1.0 / std::sqrt(double(shape.head_dim)));
-    engine::flash_attention({dims, q, k, v, o, scale, true, 0, nullptr, nullptr, active_simd_path(), 0, {}, compute});
-    return;
-  }
   attention_options options;
   options.causal = true;
+  options.precision = compute;
   scaled_dot_product_attention(dims, q, k, v, o, options);
 }
 
@@ -46,10 +38,7 @@ kvhead::attention_layer kvhead::bench::kvhead_layer(const layer_shape& shape, co
 }
 
 void kvhead::bench::run_prefill(benchmark::State& state, const prefill_shape& shape, int threads, precision compute) {
-  prefill_inputs in(shape);
-  if (compute == precision::bf16)
-    for (std::vector<float>* values : {&in.q, &in.k, &in.v})
-      for (float& x : *values) x = engine::round_to_bf16(x);
+  const prefill_inputs in(shape);
   std::vector<float> out(in.q.size());
   tbb::task_arena arena(threads);
   for (auto _ : state) {

@@ -19,159 +19,16 @@
 #include "kvhead/config.hpp"
 #include "kvhead/kv_cache.hpp"
 #include "tests/reference/attention_reference.hpp"
-
-namespace {
+#include "tests/sdpa_cases.hpp"
 
 using kvhead::attention_dims;
 using kvhead::head_tensor;
 using kvhead::simd_path;
-
-constexpr double unit_roundoff = std::numeric_limits<float>::epsilon() / 2;
-
-struct sdpa_setup {
-  attention_dims dims;
-  bool bshd_layout = false;
-  bool causal = false;
-  bool explicit_offset = false;
-  bool padded = false;  // valid_len < kv_len for some batch elements
-  bool additive = false;
-  std::size_t window = 0;      // sliding window, 0: none
-  float logit_softcap = 0.0f;  // > 0: soft-capping
-  bool sinks = false;          // one sink logit per query head
-  float q_gain = 1.0f;         // q ~ N(0, q_gain^2): scores far beyond the cap
-};
-
-struct sdpa_data {
-  std::vector<float> q, k, v, mask, sinks;
-  std::vector<std::size_t> valid_len;
-  head_tensor<const float> q_view, k_view, v_view;
-  std::size_t q_offset = 0;
-};
-
-head_tensor<const float> make_view(const std::vector<float>& data, bool bshd, std::size_t heads, std::size_t seq,
-                                   std::size_t head_dim) {
-  return bshd ? head_tensor<const float>::bshd(data.data(), heads, seq, head_dim)
-              : head_tensor<const float>::bhsd(data.data(), heads, seq, head_dim);
-}
-
-sdpa_data make_data(const sdpa_setup& setup, std::mt19937& generator) {
-  const attention_dims& d = setup.dims;
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  sdpa_data data;
-  data.q.resize(d.batch * d.num_heads * d.q_len * d.head_dim);
-  data.k.resize(d.batch * d.num_kv_heads * d.kv_len * d.head_dim);
-  data.v.resize(data.k.size());
-  for (auto* values : {&data.q, &data.k, &data.v})
-    for (float& x : *values) x = normal(generator);
-  for (float& x : data.q) x *= setup.q_gain;
-  data.q_view = make_view(data.q, setup.bshd_layout, d.num_heads, d.q_len, d.head_dim);
-  data.k_view = make_view(data.k, setup.bshd_layout, d.num_kv_heads, d.kv_len, d.head_dim);
-  data.v_view = make_view(data.v, setup.bshd_layout, d.num_kv_heads, d.kv_len, d.head_dim);
-  data.q_offset = d.kv_len >= d.q_len ? d.kv_len - d.q_len : 0;
-  if (setup.explicit_offset) data.q_offset = generator() % (d.kv_len + 1);
-  if (setup.padded) {
-    data.valid_len.resize(d.batch);
-    for (std::size_t& valid : data.valid_len) valid = generator() % (d.kv_len + 1);
-    data.valid_len[0] = d.kv_len;
-  }
-  if (setup.additive) {
-    data.mask.resize(d.q_len * d.kv_len);
-    std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
-    for (float& x : data.mask) x = generator() % 7 == 0 ? -INFINITY : uniform(generator);
-  }
-  if (setup.sinks) {  // mostly near the scores, some far above them
-    data.sinks.resize(d.num_heads);
-    std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
-    for (float& x : data.sinks) x = generator() % 5 == 0 ? 12.0f * uniform(generator) : uniform(generator);
-  }
-  return data;
-}
-
-kvhead::engine::attention_problem make_problem(const sdpa_setup& setup, const sdpa_data& data, std::vector<float>& out,
-                                               simd_path path) {
-  const attention_dims& d = setup.dims;
-  out.assign(d.batch * d.num_heads * d.q_len * d.head_dim, std::numeric_limits<float>::quiet_NaN());
-  head_tensor<float> out_view = setup.bshd_layout
-                                    ? head_tensor<float>::bshd(out.data(), d.num_heads, d.q_len, d.head_dim)
-                                    : head_tensor<float>::bhsd(out.data(), d.num_heads, d.q_len, d.head_dim);
-  return {d,
-          data.q_view,
-          data.k_view,
-          data.v_view,
-          out_view,
-          float(1.0 / std::sqrt(double(d.head_dim))),
-          setup.causal,
-          data.q_offset,
-          data.valid_len.empty() ? nullptr : data.valid_len.data(),
-          data.mask.empty() ? nullptr : data.mask.data(),
-          path,
-          setup.window,
-          {setup.logit_softcap, data.sinks.empty() ? nullptr : data.sinks.data()}};
-}
-
-// Error bound of one output element (derivation in the comments):
-//   score error  ds <= (2d + 6) u (S + 2): the GEMM's sum over d (gemm_test),
-//                 the scale and the mask add; S = max_j scale sum|q k_j|, 2 = max|mask|;
-//                 soft-capping passes that error on with a slope <= 1 (tanh' <= 1)
-//                 and adds its own <= 13.45 u cap (tanh_test.cpp);
-//   probability  relative error <= 2 ds + 4 u S (rounding of s - max; a capped
-//                 score is no larger than the uncapped one)
-//                 + (4 n + 8 chunks + 16) u (exp, the sums, merges, normalization);
-//                 a sink adds its exp and argument, 2 u (S + |sink|) + 12 u;
-//   output       |o - ref| <= max|v| * that (sum_j p_j <= 1).
-double bound(const kvhead::reference::sdpa_result& ref, std::size_t row, std::size_t head_dim, std::size_t kv_len,
-             float logit_softcap = 0.0f, float sink = 0.0f) {
-  const double score = ref.score_magnitude[row];
-  const double chunks = double(kv_len / kvhead::engine::kv_chunk + 1);
-  const double score_error =
-      (2.0 * double(head_dim) + 6.0) * unit_roundoff * (score + 2.0) + 13.45 * unit_roundoff * double(logit_softcap);
-  const double relative = 2.0 * score_error + 4.0 * unit_roundoff * score +
-                          (4.0 * double(kv_len) + 8.0 * chunks + 16.0) * unit_roundoff +
-                          (2.0 * (score + std::fabs(double(sink))) + 12.0) * unit_roundoff;
-  return ref.value_magnitude[row] * relative + 1e-30;
-}
-
-void check_sdpa(const sdpa_setup& setup, simd_path path, std::mt19937& generator) {
-  const attention_dims& d = setup.dims;
-  const sdpa_data data = make_data(setup, generator);
-  std::vector<float> out;
-  const auto problem = make_problem(setup, data, out, path);
-  kvhead::engine::flash_attention(problem);
-
-  auto strided = [](head_tensor<const float> view) {
-    return kvhead::reference::strided4{view.data, view.batch_stride, view.head_stride, view.seq_stride};
-  };
-  const auto ref = kvhead::reference::sdpa(
-      {d.batch, d.num_heads, d.num_kv_heads, d.q_len, d.kv_len, d.head_dim, problem.scale, setup.causal, data.q_offset,
-       problem.valid_len, problem.additive_mask, setup.window, setup.logit_softcap, problem.variants.sinks},
-      strided(data.q_view), strided(data.k_view), strided(data.v_view));
-
-  std::size_t failures = 0;
-  double worst = 0.0;
-  for (std::size_t b = 0; b < d.batch; ++b)
-    for (std::size_t h = 0; h < d.num_heads; ++h)
-      for (std::size_t i = 0; i < d.q_len; ++i) {
-        const std::size_t row = (b * d.num_heads + h) * d.q_len + i;
-        const float* got =
-            problem.out.data + b * problem.out.batch_stride + h * problem.out.head_stride + i * problem.out.seq_stride;
-        const double tolerance =
-            bound(ref, row, d.head_dim, d.kv_len, setup.logit_softcap, data.sinks.empty() ? 0.0f : data.sinks[h]);
-        for (std::size_t e = 0; e < d.head_dim; ++e) {
-          const double error = std::fabs(double(got[e]) - ref.out[row * d.head_dim + e]);
-          if (!(error <= tolerance)) ++failures;
-          worst = std::max(worst, error / tolerance);
-        }
-      }
-  INFO("path " << std::string(kvhead::to_string(path)) << " batch=" << d.batch << " H=" << d.num_heads
-               << " G=" << d.num_kv_heads << " q_len=" << d.q_len << " kv_len=" << d.kv_len << " d=" << d.head_dim
-               << " bshd=" << setup.bshd_layout << " causal=" << setup.causal << " offset=" << data.q_offset
-               << " padded=" << setup.padded << " additive=" << setup.additive << " window=" << setup.window
-               << " softcap=" << setup.logit_softcap << " sinks=" << setup.sinks << " q_gain=" << setup.q_gain
-               << " worst/tol=" << worst);
-  CHECK(failures == 0);
-}
-
-}  // namespace
+using kvhead::testing::check_sdpa;
+using kvhead::testing::make_data;
+using kvhead::testing::make_problem;
+using kvhead::testing::sdpa_data;
+using kvhead::testing::sdpa_setup;
 
 TEST_CASE("attention matches the double reference: GQA ratios, head dims, lengths, masks, every SIMD path") {
   const std::vector<std::size_t> head_dims = {1, 7, 24, 64, 80, 128};

@@ -53,31 +53,34 @@ TEST_CASE("forward alloc: a sequence growing to 200000 positions regrows the RoP
   CHECK(kvhead::testing::allocation_count() - before <= 6);
 }
 
-TEST_CASE("forward alloc: scaled_dot_product_attention allocates nothing after warm-up") {
+TEST_CASE("forward alloc: scaled_dot_product_attention allocates nothing after warm-up, f32 and bf16") {
   std::mt19937 generator(11);
   using view = kvhead::head_tensor<const float>;
   // A decode-shaped query over 700 keys (its key range split across tasks;
-  // V read in place), and a 300-token causal prefill (V packed).
-  for (std::size_t q_len : {1, 300}) {
-    const std::size_t kv_len = q_len == 1 ? 700 : q_len;
-    const kvhead::attention_dims dims{1, 8, 2, q_len, kv_len, 32};
-    const auto q = random_values(8 * q_len * 32, generator), k = random_values(2 * kv_len * 32, generator);
-    const auto v = random_values(k.size(), generator);
-    std::vector<float> out(q.size());
-    kvhead::attention_options options;
-    options.causal = true;
-    for (int threads : {1, 2}) {
-      tbb::task_arena arena(threads);
-      const std::size_t allocations = steady_allocations(arena, 30, 100, [&] {
-        kvhead::scaled_dot_product_attention(dims, view::bhsd(q.data(), 8, q_len, 32),
-                                             view::bhsd(k.data(), 2, kv_len, 32), view::bhsd(v.data(), 2, kv_len, 32),
-                                             kvhead::head_tensor<float>::bhsd(out.data(), 8, q_len, 32), options);
-      });
-      INFO("q_len " << q_len << " threads " << threads);
-      CHECK(allocations <= (threads == 1 ? 0 : 20));
-      CHECK(std::isfinite(out[0]));
+  // V read in place), and a 300-token causal prefill (V packed); in bf16
+  // precision the rounded copies of q, k and v are scratch too.
+  for (const kvhead::precision compute : {kvhead::precision::f32, kvhead::precision::bf16})
+    for (std::size_t q_len : {1, 300}) {
+      const std::size_t kv_len = q_len == 1 ? 700 : q_len;
+      const kvhead::attention_dims dims{1, 8, 2, q_len, kv_len, 32};
+      const auto q = random_values(8 * q_len * 32, generator), k = random_values(2 * kv_len * 32, generator);
+      const auto v = random_values(k.size(), generator);
+      std::vector<float> out(q.size());
+      kvhead::attention_options options;
+      options.causal = true;
+      options.precision = compute;
+      for (int threads : {1, 2}) {
+        tbb::task_arena arena(threads);
+        const std::size_t allocations = steady_allocations(arena, 30, 100, [&] {
+          kvhead::scaled_dot_product_attention(dims, view::bhsd(q.data(), 8, q_len, 32),
+                                               view::bhsd(k.data(), 2, kv_len, 32), view::bhsd(v.data(), 2, kv_len, 32),
+                                               kvhead::head_tensor<float>::bhsd(out.data(), 8, q_len, 32), options);
+        });
+        INFO("precision " << kvhead::to_string(compute) << " q_len " << q_len << " threads " << threads);
+        CHECK(allocations <= (threads == 1 ? 0 : 20));
+        CHECK(std::isfinite(out[0]));
+      }
     }
-  }
 }
 
 TEST_CASE("forward alloc: the cache-free forward allocates nothing after warm-up") {

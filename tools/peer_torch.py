@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The S shapes of kvhead_bench through PyTorch, as a PyTorch user would best write them.
 
-  /usr/bin/python3 tools/peer_torch.py [--threads N] [--repetitions R] [--min-time S] [--out torch.json]
+  /usr/bin/python3 tools/peer_torch.py [--threads N] [--dtype f32|bf16|all] [--repetitions R] [--min-time S]
+                                       [--out torch.json]
 
 Same geometry, fp32 inputs and flop/byte formulas as bench/shapes.hpp, so the figures
 compare directly with kvhead_bench's:
@@ -9,7 +10,14 @@ compare directly with kvhead_bench's:
   torch_S2_prefill_gqa_causal  32 / 8 heads, d 128, 1024 tokens, causal, attention only;
   torch_S3_mha_layer         nn.MultiheadAttention(512, 8 heads), batch 4 x seq 512, no mask;
   torch_S4_decode_mqa        32 q / 1 kv head, d 128, past 8192, rotating over 16 sequences;
-  torch_S5_decode_ragged16   16 sequences of pasts 256..4096 evenly, one step each per call.
+  torch_S5_decode_ragged16   16 sequences of pasts 256..4096 evenly, one step each per call;
+  torch_S2_prefill_gqa_causal_bf16, torch_S3_mha_layer_bf16  S2 and S3 in torch.bfloat16, as
+                             kvhead_bench's S2_prefill_gqa_causal_bf16 and S3_mha_layer_bf16: q, k, v
+                             (S2), or the layer's weights and x (S3), converted to bf16 once before
+                             timing (.to(torch.bfloat16)), the same calls on them. Their flops and
+                             bytes are the f32 rows' (kvhead_bench counts its bf16 rows so too): gbps
+                             there is the rate of the same work, not the bytes torch moved.
+--dtype picks the rows: f32 (S1-S5), bf16 (the two bf16 rows), all (default: both, one table).
 Forms (all under torch.inference_mode()): decode is F.scaled_dot_product_attention(
 enable_gqa=True) where this torch has it, else a grouped batched matmul that never copies
 K/V: a group's query heads are the rows of one matmul per kv head (q [kv_heads, group, d]
@@ -36,6 +44,8 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1, help="threads for torch (default 1)")
+    parser.add_argument("--dtype", choices=("f32", "bf16", "all"), default="all",
+                        help="f32 rows, bf16 rows or all (default all)")
     parser.add_argument("--repetitions", type=int, default=5, help="timed repetitions per shape (default 5)")
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds per repetition at least (default 0.2)")
     parser.add_argument("--out", help="write the results as Google Benchmark JSON here")
@@ -57,7 +67,7 @@ def cpu_model():
 
 
 class Shapes:
-    """The S shapes with torch inputs; each shape is (name, form, call(i), calls, flops, bytes) per call."""
+    """The S shapes with torch inputs; each shape is (name, form, call(i), flops, bytes), flops and bytes per call."""
 
     def __init__(self, torch):
         self.torch = torch
@@ -73,8 +83,10 @@ class Shapes:
             except TypeError:
                 pass
 
-    def uniform(self, *shape):
-        return self.torch.rand(*shape, generator=self.generator) * 2 - 1
+    def uniform(self, *shape, dtype=None):
+        """U(-1, 1) in fp32, converted to dtype (default: kept fp32)."""
+        values = self.torch.rand(*shape, generator=self.generator) * 2 - 1
+        return values if dtype is None else values.to(dtype)
 
     # One decode step: q [H, d] against one sequence's cache k, v [G, past + 1, d]. Without
     # enable_gqa, a group's query heads are the rows of one batched matmul per kv head.
@@ -100,9 +112,9 @@ class Shapes:
         form = "SDPA enable_gqa" if self.has_gqa else "grouped bmm, K/V not copied"
         return name, form, call, 4.0 * heads * d * keys / calls, 2.0 * kv_heads * d * 4 * keys / calls
 
-    def prefill(self, heads=32, kv_heads=8, d=128, tokens=1024):
-        q = self.uniform(1, heads, tokens, d)
-        k, v = self.uniform(1, kv_heads, tokens, d), self.uniform(1, kv_heads, tokens, d)
+    def prefill(self, dtype=None, suffix="", heads=32, kv_heads=8, d=128, tokens=1024):
+        q = self.uniform(1, heads, tokens, d, dtype=dtype)
+        k, v = self.uniform(1, kv_heads, tokens, d, dtype=dtype), self.uniform(1, kv_heads, tokens, d, dtype=dtype)
         group = heads // kv_heads
         if self.has_gqa:
             form = "SDPA is_causal enable_gqa"
@@ -125,29 +137,42 @@ class Shapes:
                 scores.view(kv_heads, group, tokens, tokens).masked_fill_(masked, float("-inf"))
                 return self.torch.bmm(scores.softmax(dim=-1), v.view(kv_heads, tokens, d)).view(1, heads, tokens, d)
         flops = 4.0 * heads * d * tokens * (tokens + 1) / 2
-        return "torch_S2_prefill_gqa_causal", form, call, flops, 4.0 * tokens * d * (2 * heads + 2 * kv_heads)
+        bytes_moved = 4.0 * tokens * d * (2 * heads + 2 * kv_heads)
+        return "torch_S2_prefill_gqa_causal" + suffix, form, call, flops, bytes_moved
 
-    def mha_layer(self, d_model=512, heads=8, batch=4, seq=512):
+    def mha_layer(self, dtype=None, suffix="", d_model=512, heads=8, batch=4, seq=512):
         # Zero biases rather than bias=False, which torch 1.13's fast path rejects.
         layer = self.torch.nn.MultiheadAttention(d_model, heads, batch_first=True).eval()
         self.torch.nn.init.zeros_(layer.in_proj_bias)
         self.torch.nn.init.zeros_(layer.out_proj.bias)
-        x = self.uniform(batch, seq, d_model)
+        if dtype is not None:
+            layer = layer.to(dtype)
+        x = self.uniform(batch, seq, d_model, dtype=dtype)
 
         def call(_):
             return layer(x, x, x, need_weights=False)[0]
 
         flops = 4.0 * 2.0 * batch * seq * d_model * d_model + 4.0 * batch * heads * seq * seq * (d_model // heads)
         bytes_moved = 4.0 * (2 * batch * seq * d_model + 4 * d_model * d_model)
-        return "torch_S3_mha_layer", "nn.MultiheadAttention", call, flops, bytes_moved
+        return "torch_S3_mha_layer" + suffix, "nn.MultiheadAttention", call, flops, bytes_moved
 
-    def all(self):
-        ragged = [256 + i * (4096 - 256) // 15 for i in range(16)]
-        yield lambda: self.decode("torch_S1_decode_gqa", 32, 8, 128, [4096] * 5, 1)
-        yield self.prefill
-        yield self.mha_layer
-        yield lambda: self.decode("torch_S4_decode_mqa", 32, 1, 128, [8192] * 16, 1)
-        yield lambda: self.decode("torch_S5_decode_ragged16", 32, 8, 128, ragged, 16)
+    def all(self, dtypes):
+        """The rows of `dtypes` ("f32", "bf16"), each a function making (name, form, call, flops, bytes)."""
+        if "f32" in dtypes:
+            ragged = [256 + i * (4096 - 256) // 15 for i in range(16)]
+            yield lambda: self.decode("torch_S1_decode_gqa", 32, 8, 128, [4096] * 5, 1)
+            yield self.prefill
+            yield self.mha_layer
+            yield lambda: self.decode("torch_S4_decode_mqa", 32, 1, 128, [8192] * 16, 1)
+            yield lambda: self.decode("torch_S5_decode_ragged16", 32, 8, 128, ragged, 16)
+        if "bf16" in dtypes:
+            yield lambda: self.bf16(self.prefill(self.torch.bfloat16, "_bf16"))
+            yield lambda: self.bf16(self.mha_layer(self.torch.bfloat16, "_bf16"))
+
+    @staticmethod
+    def bf16(row):
+        name, form, call, flops, bytes_moved = row
+        return name, form + ", torch.bfloat16", call, flops, bytes_moved
 
 
 def time_per_call(call, repetitions, min_time):
@@ -181,7 +206,8 @@ def main():
     print(f"{'name':<42} {'time':>12} {'gflops':>9} {'gbps':>9}  form")
     rows = []
     with torch.inference_mode():
-        for make in Shapes(torch).all():
+        dtypes = ("f32", "bf16") if args.dtype == "all" else (args.dtype,)
+        for make in Shapes(torch).all(dtypes):
             name, form, call, flops, bytes_read = make()
             seconds, calls = time_per_call(call, args.repetitions, args.min_time)
             full_name = f"{name}/threads:{args.threads}"
@@ -193,7 +219,8 @@ def main():
                          "gflops": gflops, "gbps": gbps, "label": form})
     if args.out:
         context = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpu_model": cpu_model(),
-                   "peer": f"torch {torch.__version__}", "torch_threads": str(args.threads)}
+                   "peer": f"torch {torch.__version__}", "torch_threads": str(args.threads),
+                   "torch_dtypes": args.dtype}
         with open(args.out, "w") as f:
             json.dump({"context": context, "benchmarks": rows}, f, indent=2)
     return 0

@@ -16,6 +16,7 @@
 #include "engine/attention/flash_attention.hpp"
 #include "engine/attention/layer_impl.hpp"
 #include "engine/attention/rope_scaling.hpp"
+#include "engine/attention/scaled_dot_product.hpp"
 #include "engine/gemm/gemm.hpp"
 #include "engine/scheduler/arena.hpp"
 #include "kvhead/attention.hpp"
@@ -54,6 +55,12 @@ void validate_sinks(const char* where, const float* sinks, std::size_t num_heads
       return std::string(where) + ": sinks[" + std::to_string(h) + "] is not finite (" + std::to_string(sinks[h]) +
              ")";
     });
+}
+
+void validate_precision(const char* where, precision value) {
+  engine::require(value == precision::f32 || value == precision::bf16, [&] {
+    return std::string(where) + ": precision must be f32 or bf16, got " + std::to_string(int(value));
+  });
 }
 
 void validate_heads(const char* where, std::size_t num_heads, std::size_t num_kv_heads, std::size_t head_dim) {
@@ -174,6 +181,12 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
                std::to_string(options.valid_len[b]) + ") exceeds kv_len (" + std::to_string(dims.kv_len) + ")";
       });
   validate_softcap("scaled_dot_product_attention", options.logit_softcap);
+  validate_precision("scaled_dot_product_attention", options.precision);
+  engine::require(
+      options.precision != precision::bf16 ||
+          (engine::checked_product({dims.batch, dims.num_heads, dims.q_len, dims.head_dim, sizeof(float)}) &&
+           engine::checked_product({dims.batch, dims.num_kv_heads, dims.kv_len, dims.head_dim, sizeof(float)})),
+      [&] { return std::string("scaled_dot_product_attention: the bf16 copies of q, k and v overflow std::size_t"); });
   if (empty_queries) return;
   validate_sinks("scaled_dot_product_attention", options.sinks, dims.num_heads);
   validate_views(dims, q, k, v, out);
@@ -190,11 +203,9 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
                                           options.additive_mask,
                                           active_simd_path(),
                                           options.sliding_window,
-                                          {options.logit_softcap, options.sinks}};
-  engine::run_in_arena([&] {
-    engine::flash_attention(problem);
-    if (options.probabilities != nullptr) engine::attention_probabilities(problem, options.probabilities);
-  });
+                                          {options.logit_softcap, options.sinks},
+                                          options.precision};
+  engine::run_in_arena([&] { engine::scaled_dot_product(problem, options.probabilities); });
 }
 
 // ---------------------------------------------------------------- the layer
@@ -244,9 +255,7 @@ attention_config validated(attention_config config) {
                            ", head_dim " + std::to_string(config.head_dim) + ", d_model " +
                            std::to_string(config.d_model) + ")";
                   });
-  engine::require(config.precision == precision::f32 || config.precision == precision::bf16, [&] {
-    return "attention_layer: precision must be f32 or bf16, got " + std::to_string(int(config.precision));
-  });
+  validate_precision("attention_layer", config.precision);
   config.scale = resolve_scale(config.scale, config.head_dim);
   return config;
 }
@@ -365,8 +374,7 @@ void attention_layer::impl::project(const float* x, std::size_t rows, const std:
   qkv_proj.apply(x, rows, qkv);
   if (norm) norm->apply(qkv, rows, qkv_width(), config.num_heads, config.num_kv_heads);
   rotary.apply(qkv, rows, qkv_width(), config.num_heads + config.num_kv_heads, positions);
-  if (config.precision == precision::bf16)
-    for (std::size_t i = 0; i < rows * qkv_width(); ++i) qkv[i] = engine::round_to_bf16(qkv[i]);
+  if (config.precision == precision::bf16) engine::round_to_bf16(qkv, rows * qkv_width(), qkv);
 }
 
 attention_layer::attention_layer(const attention_config& config, const attention_weights& weights)

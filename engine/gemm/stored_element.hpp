@@ -44,6 +44,13 @@ inline float widen_bf16(bf16_bits x) { return std::bit_cast<float>(std::uint32_t
 /// x rounded to the nearest even bf16 value, as an fp32 (encode_bf16, widened).
 inline float round_to_bf16(float x) { return widen_bf16(encode_bf16(x)); }
 
+/// to[i] = round_to_bf16(from[i]) for i < count; from == to rounds in place.
+/// How bf16 precision rounds attention's q, k and v (the layer's projections,
+/// scaled_dot_product_attention's inputs).
+inline void round_to_bf16(const float* from, std::size_t count, float* to) {
+  for (std::size_t i = 0; i < count; ++i) to[i] = round_to_bf16(from[i]);
+}
+
 /// kv_dtype values index tables of kernels: f32, bf16, f16, int8 = 0..3.
 inline constexpr std::size_t stored_dtype_count = 4;
 static_assert(static_cast<std::size_t>(kv_dtype::f32) == 0 && static_cast<std::size_t>(kv_dtype::bf16) == 1 &&

@@ -127,6 +127,32 @@ struct attention_options {
   /// Attention sinks: [num_heads] finite logits, head h's at sinks[h]; null
   /// (the default): none. See "Variants" above.
   const float* sinks = nullptr;
+  /// How the attention computes, as attention_config::precision's attention:
+  ///   f32   (the default) fp32 throughout; every contract in this file is
+  ///         that of f32.
+  ///   bf16  q, k and v rounded to nearest even bfloat16 as they enter (NaN
+  ///         and Inf kept, finite values past bf16's largest become Inf),
+  ///         into copies in per-thread scratch (release_scratch,
+  ///         kvhead/config.hpp): all of q, and of k and v the rows some
+  ///         query reads (a sliding window's decode step copies its window,
+  ///         not the past); q kᵀ of the rounded values in fp32; scale,
+  ///         soft-capping, masks, softmax, the running max and sum and the
+  ///         merge of chunks in fp32; the probabilities, unnormalized
+  ///         (exp(s - the max of their 256-key chunk)), rounded to bf16 for
+  ///         p v (the softmax's sum is that of the unrounded ones). So, with
+  ///         p_j the exact probabilities of the rounded inputs, each output
+  ///         element is within 2^-8 sum_j p_j |v_j| (the rounding of p) plus
+  ///         fp32 rounding of that exact attention on the rounded inputs
+  ///         (tests/sdpa_bf16_test.cpp checks this bound). Against f32 on the
+  ///         same (unrounded) inputs: max |out_bf16 - out_f32| / max |out_f32|
+  ///         measured 2.6e-3 (32/8 heads, head_dim 128, 300 tokens, causal,
+  ///         N(0, 1) inputs, AVX2; tests/sdpa_bf16_test.cpp, ceiling 2e-2).
+  ///         `probabilities`, when set, receives the fp32 softmax of the
+  ///         rounded q and k's scores (not rounded to bf16): bit for bit what
+  ///         f32 gives on inputs rounded beforehand. As for f32, results are
+  ///         bit-identical for any thread count and batching, and the output
+  ///         is the same with or without `probabilities`.
+  kvhead::precision precision = kvhead::precision::f32;
 };
 
 /// out = softmax(scale * q kᵀ + masks) v, per head. q and out have num_heads
@@ -138,7 +164,8 @@ struct attention_options {
 /// stride at least the span of the axes inside it, as in every dense layout);
 /// no view addresses beyond the end of memory; q_offset + q_len, and the
 /// sizes of the mask and the probabilities, fit std::size_t; logit_softcap
-/// finite and >= 0; every sink finite.
+/// finite and >= 0; every sink finite; precision f32 or bf16 (and with bf16
+/// the sizes of dense copies of q, k and v fit std::size_t).
 KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q,
                                              head_tensor<const float> k, head_tensor<const float> v,
                                              head_tensor<float> out, const attention_options& options = {});

@@ -37,10 +37,11 @@ struct sdpa_case {
 };
 
 struct sdpa_result {
-  std::vector<double> out;              // [batch, heads, q_len, d]
-  std::vector<double> probability;      // [batch, heads, q_len, kv_len]
-  std::vector<double> score_magnitude;  // [batch, heads, q_len]: max_j scale * sum_e |q_e k_je|
-  std::vector<double> value_magnitude;  // [batch, heads, q_len]: max over visible j, e of |v_je|
+  std::vector<double> out;                 // [batch, heads, q_len, d]
+  std::vector<double> probability;         // [batch, heads, q_len, kv_len]
+  std::vector<double> score_magnitude;     // [batch, heads, q_len]: max_j scale * sum_e |q_e k_je|
+  std::vector<double> value_magnitude;     // [batch, heads, q_len]: max over visible j, e of |v_je|
+  std::vector<double> weighted_magnitude;  // [batch, heads, q_len, d]: sum_j p_j |v_je|
 };
 
 inline sdpa_result sdpa(const sdpa_case& c, strided4 q, strided4 k, strided4 v) {
@@ -50,6 +51,7 @@ inline sdpa_result sdpa(const sdpa_case& c, strided4 q, strided4 k, strided4 v) 
   result.probability.assign(c.batch * c.heads * c.q_len * c.kv_len, 0.0);
   result.score_magnitude.assign(c.batch * c.heads * c.q_len, 0.0);
   result.value_magnitude.assign(c.batch * c.heads * c.q_len, 0.0);
+  result.weighted_magnitude.assign(result.out.size(), 0.0);
   std::vector<double> score(c.kv_len);
   std::vector<bool> visible(c.kv_len);
   for (std::size_t b = 0; b < c.batch; ++b) {
@@ -90,7 +92,10 @@ inline sdpa_result sdpa(const sdpa_case& c, strided4 q, strided4 k, strided4 v) 
           const double p = score[j] / total;
           result.probability[index * c.kv_len + j] = p;
           if (p == 0.0) continue;
-          for (std::size_t e = 0; e < d; ++e) result.out[index * d + e] += p * v.at(b, g, j, e);
+          for (std::size_t e = 0; e < d; ++e) {
+            result.out[index * d + e] += p * v.at(b, g, j, e);
+            result.weighted_magnitude[index * d + e] += p * std::fabs(v.at(b, g, j, e));
+          }
         }
       }
     }
