@@ -499,6 +499,63 @@ TEST_CASE("C API: decoding token by token, batched and chunked, equals the causa
   kvh_layer_close(layer);
 }
 
+TEST_CASE("C API: options->sliding_window, and kvh_sequence_drop_outside_window") {
+  temp_dir dir;
+  const std::string path = layer_file(dir, "layer.safetensors", kv_heads);
+  constexpr int64_t window = 5;
+  kvh_layer_options options = default_options();
+  options.sliding_window = window;
+  kvh_layer* sliding = open_layer(path, options);
+  kvh_layer* full = open_layer(path);
+  const std::size_t tokens = 610, before_drop = 600;
+  const std::vector<float> x = inputs(tokens, 77);
+  const std::vector<float> expected = forward(sliding, x);
+  CHECK_FALSE(same_bits(expected, forward(full, x)));  // the option is applied
+
+  kvh_cache* cache = nullptr;
+  REQUIRE(kvh_cache_create(sliding, 4 * block_bytes, &cache) == KVH_OK);
+  int64_t id = 0;
+  REQUIRE(kvh_sequence_create(cache, &id) == KVH_OK);
+  const std::vector<float> first = decode_tokens(sliding, cache, id, rows(x, 0, before_drop));
+  CHECK(same_bits(first, rows(expected, 0, before_drop)));
+
+  // The next query is position 600: keys below 596 are outside every
+  // window still to come, so the two whole blocks [0, 512) go back.
+  const int64_t free_before = kvh_cache_free_tokens(cache);
+  int64_t dropped = -1;
+  REQUIRE(kvh_sequence_drop_outside_window(cache, id, window, &dropped) == KVH_OK);
+  CHECK(dropped == 512);
+  CHECK(kvh_cache_free_tokens(cache) == free_before + 512);
+  CHECK(kvh_sequence_length(cache, id) == int64_t(before_drop));
+  CHECK(kvh_sequence_drop_outside_window(cache, id, window, nullptr) == KVH_OK);  // nothing more to drop
+
+  // Refused, naming the problem, the cache unchanged: a layer that would
+  // see the dropped keys, a truncate below them, a window of 0.
+  const int64_t one = 1;
+  std::vector<float> y(d_model);
+  CHECK(kvh_decode(full, cache, &id, &one, 1, x.data() + before_drop * d_model, y.data()) == KVH_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(kvh_last_error()).find("dropped") != std::string::npos);
+  CHECK(kvh_sequence_truncate(cache, id, 100) == KVH_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(kvh_last_error()).find("dropped") != std::string::npos);
+  CHECK(kvh_sequence_drop_outside_window(cache, id, 0, nullptr) == KVH_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(kvh_last_error()).find("window") != std::string::npos);
+  CHECK(kvh_sequence_drop_outside_window(cache, id + 100, window, nullptr) == KVH_ERR_NOT_FOUND);
+  CHECK(kvh_sequence_length(cache, id) == int64_t(before_drop));
+
+  // Decoding goes on over the kept blocks with the bits of the forward pass.
+  const std::vector<float> rest = decode_tokens(sliding, cache, id, rows(x, before_drop, tokens - before_drop));
+  CHECK(same_bits(rest, rows(expected, before_drop, tokens - before_drop)));
+
+  options.sliding_window = -1;
+  kvh_layer* bad = nullptr;
+  CHECK(kvh_layer_open(path.c_str(), &options, &bad) == KVH_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(kvh_last_error()).find("sliding_window") != std::string::npos);
+  CHECK(bad == nullptr);
+  kvh_cache_destroy(cache);
+  kvh_layer_close(full);
+  kvh_layer_close(sliding);
+}
+
 TEST_CASE("C API: a two-layer cache, one reservation per step, equals two stacked forward passes") {
   temp_dir dir;
   kvh_layer* first = open_layer(layer_file(dir, "first.safetensors", kv_heads));

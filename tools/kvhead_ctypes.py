@@ -50,7 +50,7 @@ class _LayerOptions(ctypes.Structure):
                 ("rope_theta", ctypes.c_float), ("scale", ctypes.c_float), ("prefix", ctypes.c_char_p),
                 ("threads", ctypes.c_int32), ("kv_dtype", ctypes.c_int32), ("logit_softcap", ctypes.c_float),
                 ("sinks", ctypes.POINTER(ctypes.c_float)),
-                ("precision", ctypes.c_int32)]
+                ("precision", ctypes.c_int32), ("sliding_window", ctypes.c_int64)]
 
 
 # kvh_kv_dtype: how a cache made from a layer stores K and V.
@@ -85,6 +85,7 @@ class Library:
             "kvh_sequence_create": (status, [p, _int64_p]),
             "kvh_sequence_fork": (status, [p, ctypes.c_int64, _int64_p]),
             "kvh_sequence_truncate": (status, [p, ctypes.c_int64, ctypes.c_int64]),
+            "kvh_sequence_drop_outside_window": (status, [p, ctypes.c_int64, ctypes.c_int64, _int64_p]),
             "kvh_sequence_length": (ctypes.c_int64, [p, ctypes.c_int64]),
             "kvh_sequence_free": (status, [p, ctypes.c_int64]),
             "kvh_sequence_append": (status, [p, _int64_p, _int64_p, ctypes.c_int64]),
@@ -108,10 +109,11 @@ class Library:
             raise KvheadError(status, self._c.kvh_last_error().decode(errors="replace"))
 
     def layer(self, path, num_heads, num_kv_heads=0, rope_theta=0.0, scale=0.0, prefix=None, threads=0,
-              kv_dtype="f32", precision="f32"):
+              kv_dtype="f32", precision="f32", sliding_window=0):
         """Layer.open with these options (kvh_layer_options: 0 means the default; kv_dtype a key of KV_DTYPES,
         precision a key of PRECISIONS)."""
-        return Layer(self, path, num_heads, num_kv_heads, rope_theta, scale, prefix, threads, kv_dtype, precision)
+        return Layer(self, path, num_heads, num_kv_heads, rope_theta, scale, prefix, threads, kv_dtype, precision,
+                     sliding_window)
 
     def cache(self, layer, byte_budget, num_layers=1):
         """A Cache for num_layers layers of the layer's geometry."""
@@ -133,7 +135,7 @@ class Layer:
     """One attention layer read from safetensors (kvh_layer). Close it, or use it in a with block."""
 
     def __init__(self, library, path, num_heads, num_kv_heads=0, rope_theta=0.0, scale=0.0, prefix=None, threads=0,
-                 kv_dtype="f32", precision="f32"):
+                 kv_dtype="f32", precision="f32", sliding_window=0):
         self._lib, c, self._handle = library, library._c, None
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
@@ -143,7 +145,7 @@ class Layer:
         c.kvh_layer_options_init_sized(ctypes.byref(options), ctypes.sizeof(options))
         options.num_heads, options.num_kv_heads, options.threads = num_heads, num_kv_heads, threads
         options.kv_dtype, options.precision = KV_DTYPES[kv_dtype], PRECISIONS[precision]
-        options.rope_theta, options.scale = rope_theta, scale
+        options.rope_theta, options.scale, options.sliding_window = rope_theta, scale, sliding_window
         options.prefix = prefix.encode() if prefix is not None else None
         handle = ctypes.c_void_p()
         library.check(c.kvh_layer_open(os.fsencode(path), ctypes.byref(options), ctypes.byref(handle)))
@@ -208,6 +210,14 @@ class Cache:
 
     def truncate(self, seq_id, length):
         self._lib.check(self._lib._c.kvh_sequence_truncate(self._handle, seq_id, length))
+
+    def drop_outside_window(self, seq_id, window):
+        """kvh_sequence_drop_outside_window: frees the leading blocks no future query of an all-sliding model
+        sees; returns how many leading positions are dropped in all."""
+        dropped = ctypes.c_int64()
+        self._lib.check(self._lib._c.kvh_sequence_drop_outside_window(self._handle, seq_id, window,
+                                                                      ctypes.byref(dropped)))
+        return dropped.value
 
     def length(self, seq_id):
         """The sequence's length; KvheadError (NOT_FOUND) for an unknown or freed id."""

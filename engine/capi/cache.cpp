@@ -153,8 +153,7 @@ kvh_status create_cache(const char* function, const kvh_layer* layer, std::int64
     const std::size_t layers = positive_count("num_layers", num_layers);
     check(byte_budget >= 1, KVH_ERR_INVALID_ARGUMENT, [] { return std::string("byte_budget = 0 (must be >= 1)"); });
     const attention_config& config = layer->layer.config();
-    *out = new kvh_cache{
-        kv_cache({layers, config.num_kv_heads, config.head_dim, 0, byte_budget, layer->cache_dtype})};
+    *out = new kvh_cache{kv_cache({layers, config.num_kv_heads, config.head_dim, 0, byte_budget, layer->cache_dtype})};
   });
 }
 
@@ -212,7 +211,23 @@ kvh_status kvh_sequence_truncate(kvh_cache* cache, int64_t seq_id, int64_t lengt
       return "length " + std::to_string(length) + " is beyond sequence " + std::to_string(seq_id) + "'s length " +
              std::to_string(current);
     });
+    const std::size_t dropped = cache->cache.dropped(sequence_id(seq_id));
+    check(std::size_t(length) >= dropped, KVH_ERR_INVALID_ARGUMENT, [&] {
+      return "length " + std::to_string(length) + " is below sequence " + std::to_string(seq_id) + "'s " +
+             std::to_string(dropped) + " positions dropped by kvh_sequence_drop_outside_window";
+    });
     cache->cache.truncate(sequence_id(seq_id), std::size_t(length));
+  });
+}
+
+kvh_status kvh_sequence_drop_outside_window(kvh_cache* cache, int64_t seq_id, int64_t window, int64_t* dropped_tokens) {
+  return guarded("kvh_sequence_drop_outside_window", [&] {
+    not_null(cache, "cache");
+    check(window >= 1, KVH_ERR_INVALID_ARGUMENT,
+          [&] { return "window = " + std::to_string(window) + " (must be >= 1)"; });
+    live_length(cache->cache, seq_id);
+    cache->cache.drop_outside_window(sequence_id(seq_id), std::size_t(window));
+    if (dropped_tokens != nullptr) *dropped_tokens = int64_t(cache->cache.dropped(sequence_id(seq_id)));
   });
 }
 

@@ -39,6 +39,7 @@ constexpr kvh_layer_options default_options() {
   options.logit_softcap = 0.0f;
   options.sinks = nullptr;
   options.precision = KVH_PRECISION_F32;
+  options.sliding_window = 0;
   return options;
 }
 
@@ -93,6 +94,14 @@ io::layer_load_options load_options(const kvh_layer_options& options) {
   return load;
 }
 
+/// The layer's sliding window from the C options (0: none).
+std::size_t sliding_window_of(const kvh_layer_options& options) {
+  check(options.sliding_window >= 0, KVH_ERR_INVALID_ARGUMENT, [&] {
+    return "options->sliding_window = " + std::to_string(options.sliding_window) + " (must be >= 0; 0 = none)";
+  });
+  return std::size_t(options.sliding_window);
+}
+
 /// The layer's precision from validated C options.
 precision precision_of(const kvh_layer_options& options) {
   check(options.precision == KVH_PRECISION_F32 || options.precision == KVH_PRECISION_BF16, KVH_ERR_INVALID_ARGUMENT,
@@ -137,6 +146,8 @@ void check_model_options(const kvh_layer_options& options, const attention_confi
         config.scale ? std::to_string(*config.scale) : std::string("the default"));
   agree(options.logit_softcap != 0.0f, options.logit_softcap == config.logit_softcap, "logit_softcap",
         std::to_string(config.logit_softcap));
+  agree(options.sliding_window != 0, std::uint64_t(options.sliding_window) == config.sliding_window, "sliding_window",
+        std::to_string(config.sliding_window) + " for this layer");
   check(options.prefix == nullptr, KVH_ERR_INVALID_ARGUMENT,
         [] { return std::string("options->prefix must be NULL with a model folder (layers are model.layers.N)"); });
   check(options.sinks == nullptr, KVH_ERR_INVALID_ARGUMENT, [] {
@@ -181,6 +192,7 @@ kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options*
     const kvh_layer_options checked = read_options(*options);
     const kvhead::io::layer_load_options load = load_options(checked);
     const kvhead::precision compute = precision_of(checked);
+    const std::size_t window = sliding_window_of(checked);
     // Missing, unreadable or not a regular file: KVH_ERR_IO. Every later
     // file_error is about the contents: KVH_ERR_FORMAT.
     try {
@@ -195,6 +207,7 @@ kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options*
       loaded.config.logit_softcap = checked.logit_softcap;  // checked by the layer
       if (checked.sinks != nullptr) loaded.sinks.assign(checked.sinks, checked.sinks + loaded.config.num_heads);
       loaded.config.precision = compute;
+      loaded.config.sliding_window = window;
       layer = wrap(loaded.build(), checked);
     }
     *out = layer.release();
@@ -209,6 +222,7 @@ kvh_status kvh_layer_open_model(const char* folder, int32_t layer_index, const k
     not_null(out, "out");
     const kvh_layer_options checked = read_options(*options);
     const kvhead::precision compute = precision_of(checked);
+    sliding_window_of(checked);
     check(layer_index >= 0, KVH_ERR_INVALID_ARGUMENT,
           [&] { return "layer_index = " + std::to_string(layer_index) + " (must be >= 0)"; });
     std::string config_path;

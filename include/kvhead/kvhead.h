@@ -139,12 +139,15 @@ typedef struct kvh_layer_options {
                                        sinks[h]) that join each row's softmax denominator and carry no
                                        value; copied by kvh_layer_open; NULL = none */
   int32_t precision;                /* a kvh_precision: how the layer computes; 0 = f32 */
+  int64_t sliding_window;           /* sliding-window attention (Mistral, Qwen 2, Gemma 2, gpt-oss): key
+                                       j visible to query i only if i - j < sliding_window; 0 = none,
+                                       else > 0 */
   /* Later versions add fields here, each documented with its default. */
 } kvh_layer_options;
 
 /* The defaults: num_heads 0 (must be set), num_kv_heads 0, rope_theta 0,
    scale 0, prefix NULL, threads 0, kv_dtype KVH_KV_F32, logit_softcap 0,
-   sinks NULL, precision KVH_PRECISION_F32; struct_size = the library's
+   sinks NULL, precision KVH_PRECISION_F32, sliding_window 0; struct_size = the library's
    sizeof(kvh_layer_options). Through the macro below, C and C++ programs call
    kvh_layer_options_init_sized with their own sizeof. A NULL options is
    ignored. */
@@ -159,14 +162,15 @@ KVHEAD_API void kvh_layer_options_init_sized(kvh_layer_options* options, size_t 
    kvh_layer_close). num_heads must be >= 1, num_kv_heads >= 0 and dividing
    num_heads, rope_theta finite and >= 0 (> 0 needs an even head_dim), scale
    finite, threads 0 to 4096 (more than this machine's CPUs: capped there),
-   logit_softcap finite and >= 0, every sink finite. */
+   logit_softcap finite and >= 0, every sink finite, sliding_window >= 0. */
 KVHEAD_API kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options* options, kvh_layer** out);
 /* Layer layer_index of a Hugging Face model folder: config.json, and
    model.safetensors or model.safetensors.index.json with its shards (the
    families and variants kvhead/model.hpp lists; what kvhead does not
    implement is an error naming the field). Everything comes from
-   config.json: options->num_heads, num_kv_heads, rope_theta, scale and
-   logit_softcap must each be 0 or agree with it, prefix and sinks must be
+   config.json: options->num_heads, num_kv_heads, rope_theta, scale,
+   logit_softcap and sliding_window (this layer's window: 0 for a full
+   layer) must each be 0 or agree with it, prefix and sinks must be
    NULL (sinks come from the folder's self_attn.sinks); threads as for
    kvh_layer_open. The layer is causal (kvh_layer_forward's causal flag still
    chooses per call). Statuses: folder not a folder or without config.json:
@@ -219,6 +223,17 @@ KVHEAD_API kvh_status kvh_sequence_truncate(kvh_cache* cache, int64_t seq_id, in
 KVHEAD_API int64_t kvh_sequence_length(const kvh_cache* cache, int64_t seq_id); /* -1 if unknown */
 /* Drops the sequence; its id is not reused. */
 KVHEAD_API kvh_status kvh_sequence_free(kvh_cache* cache, int64_t seq_id);
+/* For a model whose every layer slides with a window of `window` >= 1 keys:
+   returns to the pool the sequence's leading blocks that no query still to
+   come can see (kvhead::kv_cache::drop_outside_window, kv_cache.hpp's
+   "Sliding windows"); *dropped_tokens (may be NULL) receives how many
+   leading positions are dropped in all. The sequence keeps its length. A
+   later decode whose queries would see a dropped position (a layer without
+   that window) fails with KVH_ERR_INVALID_ARGUMENT, and a truncate below the
+   dropped positions with KVH_ERR_INVALID_ARGUMENT, each leaving the cache
+   as it was. */
+KVHEAD_API kvh_status kvh_sequence_drop_outside_window(kvh_cache* cache, int64_t seq_id, int64_t window,
+                                                       int64_t* dropped_tokens);
 
 /* Appends num_tokens[i] new tokens to sequence seq_ids[i] for each i, attends causally over each whole past.
    x and y hold the tokens of all sequences back to back: [sum(num_tokens), d_model].
