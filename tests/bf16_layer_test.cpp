@@ -31,6 +31,7 @@
 #include "kvhead/kv_cache.hpp"
 #include "tests/random_values.hpp"
 #include "tests/reference/bf16_layer_reference.hpp"
+#include "tests/seeded_layer.hpp"
 
 namespace {
 
@@ -129,27 +130,11 @@ TEST_CASE("bf16 attention: probabilities rounded per chunk, against the double r
 
 // ------------------------------------------------------------------ layer
 
-struct seeded_layer {
-  kvhead::attention_config config;
-  std::vector<float> wq, wk, wv, wo, bq, bk, bv, bo;
-  seeded_layer(const kvhead::attention_config& c, unsigned seed, bool biases = true) : config(c) {
-    std::mt19937 generator(seed);
-    const std::size_t q_out = c.num_heads * c.head_dim, kv_out = c.num_kv_heads * c.head_dim;
-    const float sigma = 1.0f / std::sqrt(float(c.d_model));
-    wq = random_values(q_out * c.d_model, generator, sigma);
-    wk = random_values(kv_out * c.d_model, generator, sigma);
-    wv = random_values(kv_out * c.d_model, generator, sigma);
-    wo = random_values(c.d_model * q_out, generator, 1.0f / std::sqrt(float(q_out)));
-    if (!biases) return;
-    bq = random_values(q_out, generator, 0.1f);
-    bk = random_values(kv_out, generator, 0.1f);
-    bv = random_values(kv_out, generator, 0.1f);
-    bo = random_values(c.d_model, generator, 0.1f);
-  }
-  static const float* data(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
-  kvhead::attention_weights weights() const {
-    return {{wq.data(), data(bq)}, {wk.data(), data(bk)}, {wv.data(), data(bv)}, {wo.data(), data(bo)}};
-  }
+// The layer tests' seeded weights (tests/seeded_layer.hpp), o_proj drawn
+// N(0, 1 / (num_heads head_dim)), built at a precision.
+struct seeded_layer : kvhead::testing::seeded_layer {
+  seeded_layer(const kvhead::attention_config& c, unsigned seed, bool biases = true)
+      : kvhead::testing::seeded_layer(c, seed, 1.0f / std::sqrt(float(c.num_heads * c.head_dim)), biases) {}
   kvhead::attention_layer build(precision compute) const {
     kvhead::attention_config c = config;
     c.precision = compute;

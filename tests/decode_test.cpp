@@ -24,37 +24,24 @@
 #include "kvhead/config.hpp"
 #include "kvhead/kv_cache.hpp"
 #include "tests/random_values.hpp"
+#include "tests/seeded_layer.hpp"
 #include "tests/thread_sanitizer.hpp"
 
 namespace {
 
 using kvhead::testing::random_values;
 
-// Seeded weights and biases of one layer (a base, so they exist before the layer).
-struct layer_weights {
-  kvhead::attention_config config;
-  std::vector<float> wq, wk, wv, wo, bq, bk, bv, bo;
-  layer_weights(const kvhead::attention_config& c, unsigned seed) : config(c) {
-    std::mt19937 generator(seed);
-    const std::size_t q_out = c.num_heads * c.head_dim, kv_out = c.num_kv_heads * c.head_dim;
-    const float scale = 1.0f / std::sqrt(float(c.d_model));
-    wq = random_values(q_out * c.d_model, generator, scale);
-    wk = random_values(kv_out * c.d_model, generator, scale);
-    wv = random_values(kv_out * c.d_model, generator, scale);
-    wo = random_values(c.d_model * q_out, generator, scale);
-    bq = random_values(q_out, generator, 0.1f);
-    bk = random_values(kv_out, generator, 0.1f);
-    bv = random_values(kv_out, generator, 0.1f);
-    bo = random_values(c.d_model, generator, 0.1f);
-  }
+// Seeded weights and biases of one layer, o_proj N(0, 1 / d_model) (a base,
+// so they exist before the layer).
+struct layer_weights : kvhead::testing::seeded_layer {
+  layer_weights(const kvhead::attention_config& c, unsigned seed)
+      : kvhead::testing::seeded_layer(c, seed, 1.0f / std::sqrt(float(c.d_model))) {}
 };
 
 struct layer_fixture : layer_weights {
   kvhead::attention_layer layer;
   explicit layer_fixture(const kvhead::attention_config& c, unsigned seed = 3)
-      : layer_weights(c, seed),
-        layer(config,
-              {{wq.data(), bq.data()}, {wk.data(), bk.data()}, {wv.data(), bv.data()}, {wo.data(), bo.data()}}) {}
+      : layer_weights(c, seed), layer(config, weights()) {}
 
   // The reference: the cache-free causal forward of each whole sequence.
   std::vector<float> full(const std::vector<float>& x, std::size_t seq) const {
@@ -574,8 +561,8 @@ struct stress_run {
             const sequence& s = mine[(pick + i) % mine.size()];
             const std::size_t length = s.x.size() / d_model, tokens = batch[i].tokens;
             const std::vector<float> expected = stack.full(s.x, length);
-            *wrong += !same_bits(y.data() + row * d_model, expected.data() + (length - tokens) * d_model,
-                                 tokens * d_model);
+            *wrong +=
+                !same_bits(y.data() + row * d_model, expected.data() + (length - tokens) * d_model, tokens * d_model);
             row += tokens;
           }
         }

@@ -2,7 +2,6 @@
 // stores keys and values (kv_cache.hpp, "Element types").
 #pragma once
 
-#include <string>
 #include <string_view>
 
 #include "kvhead/config.hpp"
@@ -14,10 +13,7 @@ inline constexpr kv_dtype kv_dtypes[] = {kv_dtype::f32, kv_dtype::bf16, kv_dtype
 
 /// The dtype named `text` (f32, bf16, f16 or int8); a usage_error otherwise.
 inline kv_dtype parse_kv_dtype(std::string_view text, std::string_view also_accepted = {}) {
-  for (const kv_dtype dtype : kv_dtypes)
-    if (text == to_string(dtype)) return dtype;
-  throw usage_error("--kv-dtype needs f32, bf16, f16" + std::string(also_accepted.empty() ? " or int8" : ", int8") +
-                    (also_accepted.empty() ? "" : " or " + std::string(also_accepted)) + ", got " + quote_arg(text));
+  return parse_named("--kv-dtype", kv_dtypes, text, also_accepted);
 }
 
 }  // namespace kvhead::tools
