@@ -42,13 +42,22 @@ void print_configuration() {
               chosen.blocking_why.c_str());
   // The bf16 GEMM units, best first: which runs, and why the others do not.
   const engine::bf16_unit unit = engine::active_bf16_unit();
-  std::printf("bf16 GEMM unit: %s%s%s\n", engine::to_string(unit), engine::bf16_unit_reason().empty() ? "" : " because ",
-              engine::bf16_unit_reason().c_str());
+  std::printf("bf16 GEMM unit: %s%s%s\n", engine::to_string(unit),
+              engine::bf16_unit_reason().empty() ? "" : " because ", engine::bf16_unit_reason().c_str());
   for (engine::bf16_unit each : {engine::bf16_unit::amx, engine::bf16_unit::avx512bf16})
     std::printf("  %c %-13s %s\n", each == unit ? '*' : ' ', engine::to_string(each),
                 engine::bf16_unit_runs_here(each) ? "runs here" : engine::bf16_unit_refusal(each).c_str());
   std::printf("  %c %-13s runs everywhere (fp32 kernels of the SIMD path on rounded inputs)\n",
               unit == engine::bf16_unit::fp32_fallback ? '*' : ' ', "fp32_fallback");
+  // bf16 attention's q kᵀ and p v (engine/attention/flash_attention.hpp).
+  const kvhead::simd_path path = kvhead::active_simd_path();
+  if (engine::gemm_bf16_paged_runs(path, kvhead::kv_dtype::f32))
+    std::printf(
+        "bf16 attention (q k^T, p v): avx512bf16 paged kernels (vdpbf16ps over K/V as stored: f32, bf16, "
+        "f16; int8 caches on the fp32 kernels)\n");
+  else
+    std::printf("bf16 attention (q k^T, p v): fp32 kernels of %s on the rounded values (%s)\n", kvhead::to_string(path),
+                unit == engine::bf16_unit::fp32_fallback ? "no bf16 unit" : "the path's NR is not 32");
 }
 
 // Median seconds of 7 runs of `run` in `arena`.
@@ -78,13 +87,15 @@ int run_kernel_demo(int threads) {
     const engine::gemm_operand a_op{a.data(), size, engine::transpose::no};
     const engine::gemm_operand b_op{b.data(), size, engine::transpose::no};
     const double flops = 2.0 * double(size) * double(size) * double(size);
-    const double fp32 =
-        median_seconds(arena, [&] { engine::gemm({size, size, size}, 1.0f, a_op, b_op, 0.0f, c.data(), size); });
+    const double fp32 = median_seconds(arena, [&] {
+      engine::gemm({size, size, size}, 1.0f, a_op, b_op, 0.0f, c.data(), size);
+    });
     std::printf("  sgemm     %4zu x %4zu x %4zu: median %8.3f ms, %6.1f GFLOP/s\n", size, size, size, fp32 * 1e3,
                 flops / fp32 * 1e-9);
     const engine::packed_bf16_b b_bf16(size, size, b_op);
-    const double bf16 =
-        median_seconds(arena, [&] { engine::gemm_bf16({size, size, size}, a_op, b_bf16, 0.0f, c.data(), size); });
+    const double bf16 = median_seconds(arena, [&] {
+      engine::gemm_bf16({size, size, size}, a_op, b_bf16, 0.0f, c.data(), size);
+    });
     std::printf("  gemm_bf16 %4zu x %4zu x %4zu: median %8.3f ms, %6.1f GFLOP/s (%s)\n", size, size, size, bf16 * 1e3,
                 flops / bf16 * 1e-9, engine::to_string(engine::active_bf16_unit()));
   }

@@ -14,7 +14,7 @@
 
 #include "engine/arch/kernel_config.hpp"
 #include "engine/arch/scratch.hpp"
-#include "engine/gemm/stored_element.hpp"
+#include "engine/gemm/gemm_bf16.hpp"
 #include "engine/gemm/pack.hpp"
 #include "engine/gemm/stored_element.hpp"
 #include "engine/scheduler/split_schedule.hpp"
@@ -24,6 +24,15 @@ namespace kvhead::engine {
 namespace {
 
 std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
+
+// Whether bf16 precision's q kᵀ and p v run on the bf16 unit's products
+// (gemm_bf16_paged) rather than the fp32 kernels over the rounded values:
+// where the paged kernels run, for K/V stored as `element`. Decided by the
+// problem alone (precision, path, element type, head_dim), so every tile,
+// chunk and row of it, prefill or decode, takes the same one.
+bool bf16_products(kvhead::precision precision, simd_path path, kv_dtype element, std::size_t head_dim) {
+  return precision == kvhead::precision::bf16 && head_dim <= gemm_kc && gemm_bf16_paged_runs(path, element);
+}
 
 // Whether one stored element is finite (int8 always is: a non-finite row of
 // an int8 cache has a NaN scale instead, applied to visible keys only).
@@ -239,10 +248,14 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     value_pages[s] = views[s].values.panels;
   }
   const packed_b_view& first_keys = views[first_segment].keys;
-  gemm({rows, width - first_key, head_dim}, tile.scale, {scratch.q_rows.data(), head_dim, transpose::no},
-       paged_b_view{key_pages + first_segment, first_keys.n, false, head_dim, width - first_key, first_keys.path,
-                    first_keys.element},
-       0.0f, scores + first_key, kv_chunk);
+  const bool products = bf16_products(tile.precision, tile.path, first_keys.element, head_dim);
+  const paged_b_view keys_view{key_pages + first_segment, first_keys.n,      false, head_dim, width - first_key,
+                               first_keys.path,           first_keys.element};
+  const gemm_operand queries{scratch.q_rows.data(), head_dim, transpose::no};
+  if (products)
+    gemm_bf16_paged({rows, width - first_key, head_dim}, tile.scale, queries, keys_view, scores + first_key, kv_chunk);
+  else
+    gemm({rows, width - first_key, head_dim}, tile.scale, queries, keys_view, 0.0f, scores + first_key, kv_chunk);
   for (std::size_t s = first_segment; s < segments && views[s].key_scales != nullptr; ++s) {
     const std::size_t first = s * segment_keys, keys = std::min(segment_keys, width - first);
     for (std::size_t row = 0; row < rows; ++row)
@@ -269,7 +282,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     online_softmax_block(p + keys.begin, keys.count(), state, tile.path);
     max[row] = state.max;
     sum[row] = state.sum;
-    if (tile.precision == precision::bf16)
+    if (tile.precision == precision::bf16 && !products)  // the bf16 products round p as they read it
       for (std::size_t j = keys.begin; j < keys.end; ++j) p[j] = round_to_bf16(p[j]);
     if (views[first_segment].value_scales != nullptr)
       for (std::size_t s = keys.begin / segment_keys; s * segment_keys < keys.end; ++s) {
@@ -311,9 +324,12 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     std::copy(value_pages + start, value_pages + segments, pages);
     if (from < keys.begin && !all_finite(views[start].values, keys.begin - from))
       pages[0] = page_with_leading_zeros(views[start].values, keys.begin - from, copy);
-    gemm(shape, 1.0f, probabilities,
-         paged_b_view{pages, first_values.k, true, keys.end - from, head_dim, first_values.path, first_values.element},
-         0.0f, target, head_dim);
+    const paged_b_view values{
+        pages, first_values.k, true, keys.end - from, head_dim, first_values.path, first_values.element};
+    if (products)  // from is a segment's first key: pairs of keys at even positions of the chunk
+      gemm_bf16_paged(shape, 1.0f, probabilities, values, target, head_dim);
+    else
+      gemm(shape, 1.0f, probabilities, values, 0.0f, target, head_dim);
   };
   auto values_finite = [&] {
     if (in_place) return all_finite(views[first_segment].values_in_place, width, head_dim);
@@ -520,12 +536,25 @@ void flash_attention(const attention_problem& problem) {
   for (std::size_t batch = 0; batch < dims.batch; ++batch)
     for (std::size_t kv_head = 0; kv_head < dims.num_kv_heads; ++kv_head)
       for (std::size_t position0 = 0; position0 < dims.q_len; position0 += positions) {
-        tiles.push_back({problem.q.data + batch * problem.q.batch_stride, problem.q.head_stride, problem.q.seq_stride,
-                         problem.out.data + batch * problem.out.batch_stride, problem.out.head_stride,
-                         problem.out.seq_stride, kv_head, group, dims.head_dim, position0,
-                         std::min(positions, dims.q_len - position0), problem.q_offset,
-                         problem.valid_len != nullptr ? problem.valid_len[batch] : dims.kv_len, problem.causal,
-                         problem.additive_mask, dims.kv_len, problem.scale, problem.path, problem.window,
+        tiles.push_back({problem.q.data + batch * problem.q.batch_stride,
+                         problem.q.head_stride,
+                         problem.q.seq_stride,
+                         problem.out.data + batch * problem.out.batch_stride,
+                         problem.out.head_stride,
+                         problem.out.seq_stride,
+                         kv_head,
+                         group,
+                         dims.head_dim,
+                         position0,
+                         std::min(positions, dims.q_len - position0),
+                         problem.q_offset,
+                         problem.valid_len != nullptr ? problem.valid_len[batch] : dims.kv_len,
+                         problem.causal,
+                         problem.additive_mask,
+                         dims.kv_len,
+                         problem.scale,
+                         problem.path,
+                         problem.window,
                          problem.variants,
                          problem.precision});
         work->source_index.push_back(batch * dims.num_kv_heads + kv_head);
@@ -553,7 +582,10 @@ void flash_attention(const attention_problem& problem) {
     for (std::size_t chunk = work->chunk_from[index]; chunk < ceil_div(work->keys_seen[index], kv_chunk); ++chunk)
       work->packs.push_back({index, chunk});
   }
-  const bool pack_values = dims.q_len > positions;
+  // The bf16 products read V packed (gemm_bf16_paged), whose pairs of keys
+  // then start at even positions of the chunk whatever a row sees.
+  const bool pack_values =
+      dims.q_len > positions || bf16_products(problem.precision, problem.path, kv_dtype::f32, dims.head_dim);
   const gemm_config config = gemm_config_for(problem.path);
   const std::size_t key_floats = packed_b_floats(config, dims.head_dim, kv_chunk);
   const std::size_t value_floats = pack_values ? packed_b_floats(config, kv_chunk, dims.head_dim) : 0;

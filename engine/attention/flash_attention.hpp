@@ -22,7 +22,11 @@
 //                        element from +0 in key order; keys before `begin`
 //                        that the GEMM spans get p = 0 and a finite v (the
 //                        row's own or zeros), which leave acc at +0 exactly
-//        (bf16 precision: p rounded to bf16 before p v, per element)
+//        (bf16 precision: p rounded to bf16 before p v, per element; where
+//        gemm_bf16_paged runs, q kᵀ and p v are its bf16 products, in pairs
+//        of head_dim and of keys from even positions of the chunk — p v
+//        always starts at a segment's first key, V packed — so the order
+//        per element is again the same for any cut)
 //      The GEMM does the same arithmetic per element for one row as for many
 //      (engine/gemm/gemm.hpp), and the softmax kernels are per row.
 //   3. Partials are merged left to right, starting from the empty partial
@@ -163,7 +167,8 @@ struct attention_problem {
 
 /// Packs Kᵀ once per (batch, kv head, chunk) into the calling thread's
 /// reused scratch; reads V in place when each (batch, kv head) has one query
-/// tile, else packs it likewise; then runs every (batch, kv head, query tile)
+/// tile (and bf16's products do not run: they read V packed), else packs it
+/// likewise; then runs every (batch, kv head, query tile)
 /// in parallel on the caller's task arena. Steady-state calls of one shape
 /// allocate nothing. K and V rows must not overlap (seq_stride >= head_dim).
 void flash_attention(const attention_problem& problem);

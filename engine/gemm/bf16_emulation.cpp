@@ -1,6 +1,8 @@
 #include "engine/gemm/bf16_emulation.hpp"
 
 #include <array>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <utility>
 
@@ -11,12 +13,58 @@ float flushed(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysi
 float operand(bf16_bits x) { return flushed(widen_bf16(x)); }
 float fused(float a, float b, float acc) { return flushed(std::fma(a, b, flushed(acc))); }
 
+// Exact binary16 -> fp32 (normal, subnormal, Inf and NaN alike).
+float widen_f16(f16_bits x) {
+  const std::uint32_t sign = std::uint32_t(x.bits & 0x8000u) << 16, exponent = (x.bits >> 10) & 0x1fu;
+  const std::uint32_t mantissa = x.bits & 0x3ffu;
+  if (exponent == 0) return std::copysign(float(mantissa) * 0x1p-24f, sign != 0 ? -1.0f : 1.0f);
+  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+// An element of B as the paged kernel loads it: vcvtne2ps2bf16 reads
+// subnormal fp32 as zero and rounds to nearest even.
+bf16_bits loaded(float x) { return encode_bf16(flushed(x)); }
+bf16_bits loaded(bf16_bits x) { return x; }
+bf16_bits loaded(f16_bits x) { return loaded(widen_f16(x)); }
+
+template <class Element, std::size_t Rows>
+void emulated_paged(const bf16_paged_params& params) {
+  auto b_element = [&](std::size_t k, std::size_t col) {
+    if (k >= params.depth) return bf16_bits{0};  // the zero row completing an odd depth
+    const auto* page = static_cast<const Element*>(params.b_pages[k / params.page_rows]);
+    return loaded(page[k % params.page_rows * params.b_row_stride + col]);
+  };
+  for (std::size_t row = 0; row < Rows; ++row)
+    for (std::size_t col = 0; col < params.cols; ++col) {
+      const bf16_bits* a = params.a + row * params.a_row_stride;
+      float acc = 0.0f;
+      for (std::size_t k = 0; k < params.depth; k += 2)
+        acc = emulate_vdpbf16ps(acc, a[k], a[k + 1], b_element(k, col), b_element(k + 1, col));
+      params.c[row * params.ldc + col] = params.alpha * acc;
+    }
+}
+
+void emulated_convert_rows(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, bf16_bits* to,
+                           std::size_t to_ld) {
+  for (std::size_t row = 0; row < rows; ++row) {
+    for (std::size_t col = 0; col < cols; ++col) to[row * to_ld + col] = loaded(from[row * from_ld + col]);
+    if (cols % 2 != 0) to[row * to_ld + cols] = bf16_bits{0};
+  }
+}
+
+template <class Element, std::size_t... Index>
+constexpr std::array<bf16_paged_function, sizeof...(Index)> paged_table(std::index_sequence<Index...>) {
+  return {&emulated_paged<Element, Index + 1>...};
+}
+
 constexpr std::size_t skinny_rows = bf16_skinny_rows, skinny_panels = bf16_skinny_panels;
 
 // acc + beta * C for a row of 32 * panels results (fp32, as the kernels do it).
 void store(const bf16_microkernel_params& params, std::size_t row, const float* acc, std::size_t cols) {
   float* c = params.c + row * params.ldc;
-  for (std::size_t col = 0; col < cols; ++col) c[col] = params.beta == 0.0f ? acc[col] : acc[col] + params.beta * c[col];
+  for (std::size_t col = 0; col < cols; ++col)
+    c[col] = params.beta == 0.0f ? acc[col] : acc[col] + params.beta * c[col];
 }
 
 template <std::size_t Rows, std::size_t Panels>
@@ -29,8 +77,7 @@ void emulated_avx512bf16(const bf16_microkernel_params& params) {
         const bf16_bits* a = params.a_panel + (q * mr + row) * 2;
         const bf16_bits* b = params.b_panels + panel * params.b_panel_stride + q * 64;
         for (std::size_t lane = 0; lane < 32; ++lane)
-          acc[panel * 32 + lane] =
-              emulate_vdpbf16ps(acc[panel * 32 + lane], a[0], a[1], b[lane * 2], b[lane * 2 + 1]);
+          acc[panel * 32 + lane] = emulate_vdpbf16ps(acc[panel * 32 + lane], a[0], a[1], b[lane * 2], b[lane * 2 + 1]);
       }
     store(params, row, acc, 32 * Panels);
   }
@@ -85,17 +132,25 @@ float emulate_tdpbf16ps(float acc, const bf16_bits* a, const bf16_bits* b, std::
 }
 
 const bf16_kernels& emulated_bf16_kernels(bf16_unit unit) {
-  static constexpr auto avx512bf16_table =
-      table<avx512bf16_kernel<1>::rows>(std::make_index_sequence<avx512bf16_mr>{});
+  static constexpr auto avx512bf16_table = table<avx512bf16_kernel<1>::rows>(std::make_index_sequence<avx512bf16_mr>{});
   static constexpr auto skinny_table =
       table<avx512bf16_kernel<skinny_panels>::rows>(std::make_index_sequence<skinny_rows>{});
   static constexpr auto amx_table = table<amx_kernel>(std::make_index_sequence<amx_mr>{});
-  static const bf16_kernels avx512bf16{bf16_unit::avx512bf16,  bf16_a_layout::pairs, avx512bf16_mr, 1,
-                                       avx512bf16_table.data(), skinny_rows,          skinny_panels, skinny_table.data(),
-                                       nullptr,                 nullptr};
-  static const bf16_kernels amx{bf16_unit::amx, bf16_a_layout::tile_rows, amx_mr, 16, amx_table.data(), 0, 0,
-                                nullptr,        nullptr,                  nullptr};
+  static const bf16_kernels avx512bf16{
+      bf16_unit::avx512bf16, bf16_a_layout::pairs, avx512bf16_mr,       1,       avx512bf16_table.data(),
+      skinny_rows,           skinny_panels,        skinny_table.data(), nullptr, nullptr};
+  static const bf16_kernels amx{
+      bf16_unit::amx, bf16_a_layout::tile_rows, amx_mr, 16, amx_table.data(), 0, 0, nullptr, nullptr, nullptr};
   return unit == bf16_unit::amx ? amx : avx512bf16;
+}
+
+const bf16_paged_kernels& emulated_bf16_paged_kernels() {
+  static constexpr auto f32 = paged_table<float>(std::make_index_sequence<avx512bf16_mr>{});
+  static constexpr auto bf16 = paged_table<bf16_bits>(std::make_index_sequence<avx512bf16_mr>{});
+  static constexpr auto f16 = paged_table<f16_bits>(std::make_index_sequence<avx512bf16_mr>{});
+  static const bf16_paged_kernels table{
+      avx512bf16_mr, {f32.data(), bf16.data(), f16.data(), nullptr}, emulated_convert_rows};
+  return table;
 }
 
 }  // namespace kvhead::engine

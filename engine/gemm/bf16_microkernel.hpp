@@ -45,7 +45,8 @@ namespace kvhead::engine {
 ///   amx         32 x 32: 4 accumulator tiles (2 A tiles of 16 rows x 32 k,
 ///               2 B tiles of 16 pairs x 16 columns), 8 tiles in all.
 inline constexpr std::size_t avx512bf16_mr = 12, amx_mr = 32, bf16_skinny_rows = 2, bf16_skinny_panels = 4;
-static_assert(avx512bf16_mr * 2 + 3 <= 32 && bf16_skinny_rows * 2 * bf16_skinny_panels + 2 * bf16_skinny_panels + 1 <= 32);
+static_assert(avx512bf16_mr * 2 + 3 <= 32 &&
+              bf16_skinny_rows * 2 * bf16_skinny_panels + 2 * bf16_skinny_panels + 1 <= 32);
 static_assert(amx_mr == 2 * 16 && bf16_nr == 2 * 16);
 
 struct bf16_microkernel_params {
@@ -73,7 +74,7 @@ struct bf16_kernels {
   bf16_unit unit;
   bf16_a_layout a_layout;
   std::size_t mr;
-  std::size_t pair_multiple;  // pairs is padded to a multiple of this
+  std::size_t pair_multiple;                 // pairs is padded to a multiple of this
   const bf16_microkernel_function* kernels;  // [rows - 1]
   std::size_t skinny_rows, skinny_panels;
   const bf16_microkernel_function* skinny;  // [rows - 1], or null
@@ -97,5 +98,54 @@ std::string bf16_self_test(const bf16_kernels& kernels);
 /// packed for kernels.unit. The checks of gemm_bf16 except that the unit runs here.
 void gemm_bf16_with(const bf16_kernels& kernels, gemm_shape shape, gemm_operand a, const packed_bf16_b& b, float beta,
                     float* c, std::size_t ldc);
+
+// The paged kernel of the avx512bf16 unit (bf16 attention: q kᵀ and p v,
+// gemm_bf16_paged in gemm_bf16.hpp), over a B that some other layer packed:
+//
+//   C[0:rows, 0:cols] := alpha * acc         acc as in avx512bf16 above
+//
+// A        bf16 rows: row r, k at a[r * a_row_stride + k] (a_row_stride
+//          even, each row zero past the depth up to a whole pair).
+// B        one 32-column panel of the fp32 path's packed layout (gemm.hpp,
+//          NR = 32: avx512), its rows in pages: row k of page i at
+//          b_pages[i] + k * b_row_stride elements, page_rows rows per page
+//          (even; the last page may be shorter), `depth` rows in all; its
+//          elements stored as f32, bf16 or f16 and rounded to nearest even
+//          bf16 as they are loaded (exact for values that are bf16 already).
+//          Only the first `cols` columns are read (the rest count as zero)
+//          and written.
+// Pairs of k: (2q, 2q + 1) from the first row, the last one completed by a
+// zero row when the depth is odd; the order of the sum is avx512bf16's.
+struct bf16_paged_params {
+  const bf16_bits* a;
+  std::size_t a_row_stride;
+  const void* const* b_pages;
+  std::size_t page_rows, depth, b_row_stride, cols;
+  float alpha;
+  float* c;
+  std::size_t ldc;
+};
+
+using bf16_paged_function = void (*)(const bf16_paged_params&);
+
+/// The paged kernels of a unit: by_element[e][rows - 1] for rows 1..mr and
+/// B stored as kv_dtype e (null for int8, which none takes), and the
+/// conversion of A's fp32 rows to bf16 rows (rounded to nearest even, zero
+/// from `cols` up to a whole pair).
+struct bf16_paged_kernels {
+  std::size_t mr;
+  const bf16_paged_function* by_element[stored_dtype_count];
+  void (*convert_rows)(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, bf16_bits* to,
+                       std::size_t to_ld);
+};
+
+/// The hardware paged kernels (kernels_avx512bf16.cpp; their scalar
+/// emulation is in bf16_emulation.hpp).
+const bf16_paged_kernels& avx512bf16_paged_kernels();
+
+/// gemm_bf16_paged (gemm_bf16.hpp) through the given kernels, on any CPU
+/// for the emulation; the checks of gemm_bf16_paged except where it runs.
+void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, float alpha, gemm_operand a,
+                          const paged_b_view& b, float* c, std::size_t ldc);
 
 }  // namespace kvhead::engine

@@ -112,4 +112,27 @@ class packed_bf16_b {
 /// C = round_bf16(op(A)) * B + beta * C (see the top of this file), on B's unit.
 void gemm_bf16(gemm_shape shape, gemm_operand a, const packed_bf16_b& b, float beta, float* c, std::size_t ldc);
 
+/// bf16 products over a B another layer packed (bf16 attention's q kᵀ and
+/// p v over a chunk's packed K and V or a KV cache's blocks):
+///
+///   C = alpha * round_bf16(A) * round_bf16(B)      (A m x k, not transposed)
+///
+/// B a paged_b_view (gemm.hpp) of f32, bf16 or f16 elements on a path whose
+/// NR is 32, its pages at most KC deep, each page along k an even number of
+/// rows. Rounding to nearest even, subnormal fp32 read as zero: values that
+/// are bf16 already (attention's rounded q, k, v and p) are exact. Sum: the
+/// avx512bf16 unit's (bf16_microkernel.hpp), in pairs of k from k = 0, on
+/// across the pages of a B paged along k. On one machine C(i, j) depends
+/// only on row i of A and column j of B: bit-identical however the rows,
+/// columns and pages are cut. Runs on the calling thread. Throws
+/// std::invalid_argument naming the problem for bad arguments or when
+/// gemm_bf16_paged_runs is false.
+void gemm_bf16_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc);
+
+/// Whether gemm_bf16_paged runs here over B packed for `path` with
+/// elements `element`: the active bf16 unit is a hardware one (amx or
+/// avx512bf16; every AMX CPU has AVX512-BF16, whose kernels this uses), the
+/// path's NR is 32, and element is f32, bf16 or f16.
+bool gemm_bf16_paged_runs(simd_path path, kv_dtype element);
+
 }  // namespace kvhead::engine

@@ -8,6 +8,7 @@
 // 32-bit word: two bf16) and issues Rows * 2 * Panels vdpbf16ps.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -67,12 +68,143 @@ constexpr std::array<bf16_microkernel_function, sizeof...(Index)> kernel_table(s
 constexpr auto kernels = kernel_table<1>(std::make_index_sequence<avx512bf16_mr>{});
 constexpr auto skinny = kernel_table<bf16_skinny_panels>(std::make_index_sequence<bf16_skinny_rows>{});
 
+// ---- The paged kernel (bf16_paged_params): B as another layer packed it.
+//
+// Blocking: Rows x 32 accumulators (2 zmm per row) for the whole depth, one
+// B panel of 32 columns. Each pair step loads rows 2q and 2q + 1 of the
+// panel and interleaves them into the pair layout vdpbf16ps reads (f32 and
+// f16 rounded by vcvtne2ps2bf16, which also orders them [even | odd], then
+// one vpermw per 16 columns; bf16 by one vpermt2w per 16 columns): 2 to 4
+// shuffles per 2 * Rows vdpbf16ps, so a 12-row tile stays bound by the
+// dot products.
+
+// vpermw / vpermt2w indices: lane 2j takes element `first + j`, lane 2j + 1
+// element `second + j` (vpermt2w numbers its second source's lanes from 32).
+struct interleave_index {
+  alignas(64) std::uint16_t lane[32];
+};
+constexpr interleave_index interleave(std::uint16_t first, std::uint16_t second) {
+  interleave_index index{};
+  for (std::uint16_t j = 0; j < 16; ++j) {
+    index.lane[2 * j] = std::uint16_t(first + j);
+    index.lane[2 * j + 1] = std::uint16_t(second + j);
+  }
+  return index;
+}
+constexpr interleave_index halves = interleave(0, 16), first_columns = interleave(0, 32),
+                           second_columns = interleave(16, 48);
+
+// Columns [0, cols) of one B row as 32 fp32 (two halves), the rest zero.
+inline void load_row(const float* row, __mmask16 low, __mmask16 high, __m512& first, __m512& second) {
+  first = _mm512_maskz_loadu_ps(low, row);
+  second = _mm512_maskz_loadu_ps(high, row + 16);
+}
+inline void load_row(const f16_bits* row, __mmask16 low, __mmask16 high, __m512& first, __m512& second) {
+  first = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(low, row));
+  second = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(high, row + 16));
+}
+
+// Rows `even` and `odd` (null: a zero row) of a B panel as the pairs of
+// columns 0-15 and 16-31.
+template <class Element>
+void load_pairs(const Element* even, const Element* odd, __mmask16 low, __mmask16 high, __m512i pairs[2]) {
+  const __m512i interleave = _mm512_load_si512(halves.lane);
+  __m512 even_first, even_second, odd_first = _mm512_setzero_ps(), odd_second = _mm512_setzero_ps();
+  load_row(even, low, high, even_first, even_second);
+  if (odd != nullptr) load_row(odd, low, high, odd_first, odd_second);
+  pairs[0] = _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(odd_first, even_first));
+  pairs[1] = _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(odd_second, even_second));
+}
+template <>
+void load_pairs(const bf16_bits* even, const bf16_bits* odd, __mmask16 low, __mmask16 high, __m512i pairs[2]) {
+  const __m512i first = _mm512_load_si512(first_columns.lane), second = _mm512_load_si512(second_columns.lane);
+  const __mmask32 mask = __mmask32(low) | (__mmask32(high) << 16);
+  const __m512i even_row = _mm512_maskz_loadu_epi16(mask, even);
+  const __m512i odd_row = odd != nullptr ? _mm512_maskz_loadu_epi16(mask, odd) : _mm512_setzero_si512();
+  pairs[0] = _mm512_permutex2var_epi16(even_row, first, odd_row);
+  pairs[1] = _mm512_permutex2var_epi16(even_row, second, odd_row);
+}
+
+template <class Element, std::size_t Rows>
+void paged_kernel(const bf16_paged_params& params) {
+  __m512 acc[Rows][2];
+#pragma GCC unroll 16
+  for (std::size_t row = 0; row < Rows; ++row) acc[row][0] = acc[row][1] = _mm512_setzero_ps();
+  const std::size_t cols = params.cols;
+  const auto low = __mmask16(cols >= 16 ? 0xffffu : (1u << cols) - 1);
+  const auto high = __mmask16(cols >= 32 ? 0xffffu : cols > 16 ? (1u << (cols - 16)) - 1 : 0u);
+  auto step = [&](const __m512i pairs[2], const bf16_bits* a) {
+#pragma GCC unroll 16
+    for (std::size_t row = 0; row < Rows; ++row) {
+      std::int32_t pair = 0;
+      std::memcpy(&pair, a + row * params.a_row_stride, sizeof pair);
+      const __m512i a_pair = _mm512_set1_epi32(pair);
+      acc[row][0] = _mm512_dpbf16_ps(acc[row][0], (__m512bh)a_pair, (__m512bh)pairs[0]);
+      acc[row][1] = _mm512_dpbf16_ps(acc[row][1], (__m512bh)a_pair, (__m512bh)pairs[1]);
+    }
+  };
+  const std::size_t stride = params.b_row_stride;
+  for (std::size_t page = 0, row0 = 0; row0 < params.depth; ++page, row0 += params.page_rows) {
+    const Element* b = static_cast<const Element*>(params.b_pages[page]);
+    const std::size_t rows = std::min(params.page_rows, params.depth - row0);
+    __m512i pairs[2];
+    std::size_t k = 0;
+    for (; k + 1 < rows; k += 2) {
+      load_pairs(b + k * stride, b + (k + 1) * stride, low, high, pairs);
+      step(pairs, params.a + row0 + k);
+    }
+    if (k < rows) {  // the last row: its pair's odd row is zero
+      load_pairs<Element>(b + k * stride, nullptr, low, high, pairs);
+      step(pairs, params.a + row0 + k);
+    }
+  }
+  const __m512 alpha = _mm512_set1_ps(params.alpha);
+#pragma GCC unroll 16
+  for (std::size_t row = 0; row < Rows; ++row) {
+    float* c = params.c + row * params.ldc;
+    _mm512_mask_storeu_ps(c, low, _mm512_mul_ps(alpha, acc[row][0]));
+    _mm512_mask_storeu_ps(c + 16, high, _mm512_mul_ps(alpha, acc[row][1]));
+  }
+}
+
+// Rows [0, rows) of fp32 A, columns [0, cols), to bf16 rows rounded to
+// nearest even (vcvtne2ps2bf16), zero up to a whole pair.
+void convert_rows(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, bf16_bits* to,
+                  std::size_t to_ld) {
+  const std::size_t padded = cols + cols % 2;
+  for (std::size_t row = 0; row < rows; ++row)
+    for (std::size_t col = 0; col < padded; col += 32) {
+      const std::size_t left = cols - col, stored = std::min<std::size_t>(32, padded - col);
+      const auto low = __mmask16(left >= 16 ? 0xffffu : (1u << left) - 1);
+      const auto high = __mmask16(left >= 32 ? 0xffffu : left > 16 ? (1u << (left - 16)) - 1 : 0u);
+      const float* source = from + row * from_ld + col;
+      const __m512bh converted =
+          _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(high, source + 16), _mm512_maskz_loadu_ps(low, source));
+      const auto store = __mmask32(stored == 32 ? 0xffffffffu : (1u << stored) - 1);
+      _mm512_mask_storeu_epi16(to + row * to_ld + col, store, (__m512i)converted);
+    }
+}
+
+template <class Element, std::size_t... Index>
+constexpr std::array<bf16_paged_function, sizeof...(Index)> paged_table(std::index_sequence<Index...>) {
+  return {&paged_kernel<Element, Index + 1>...};
+}
+
+constexpr auto paged_f32 = paged_table<float>(std::make_index_sequence<avx512bf16_mr>{});
+constexpr auto paged_bf16 = paged_table<bf16_bits>(std::make_index_sequence<avx512bf16_mr>{});
+constexpr auto paged_f16 = paged_table<f16_bits>(std::make_index_sequence<avx512bf16_mr>{});
+
 }  // namespace
 
 const bf16_kernels& avx512bf16_kernels() {
-  static const bf16_kernels table{bf16_unit::avx512bf16, bf16_a_layout::pairs, avx512bf16_mr, 1,
-                                  kernels.data(),        bf16_skinny_rows,     bf16_skinny_panels,
-                                  skinny.data(),         nullptr,              nullptr};
+  static const bf16_kernels table{bf16_unit::avx512bf16, bf16_a_layout::pairs, avx512bf16_mr, 1,       kernels.data(),
+                                  bf16_skinny_rows,      bf16_skinny_panels,   skinny.data(), nullptr, nullptr};
+  return table;
+}
+
+const bf16_paged_kernels& avx512bf16_paged_kernels() {
+  static const bf16_paged_kernels table{
+      avx512bf16_mr, {paged_f32.data(), paged_bf16.data(), paged_f16.data(), nullptr}, convert_rows};
   return table;
 }
 

@@ -135,18 +135,25 @@ struct attention_options {
   ///         into copies in per-thread scratch (release_scratch,
   ///         kvhead/config.hpp): all of q, and of k and v the rows some
   ///         query reads (a sliding window's decode step copies its window,
-  ///         not the past); q kᵀ of the rounded values in fp32; scale,
+  ///         not the past); q kᵀ of the rounded values with fp32 sums; scale,
   ///         soft-capping, masks, softmax, the running max and sum and the
   ///         merge of chunks in fp32; the probabilities, unnormalized
   ///         (exp(s - the max of their 256-key chunk)), rounded to bf16 for
-  ///         p v (the softmax's sum is that of the unrounded ones). So, with
+  ///         p v (the softmax's sum is that of the unrounded ones). On CPUs
+  ///         with AVX512-BF16 (AMD Zen 4, Intel from Cooper Lake; AMX CPUs
+  ///         have it too) q kᵀ and p v run on vdpbf16ps (bf16 products, fp32
+  ///         sums in pairs of terms, subnormals flushed to zero), elsewhere
+  ///         on the fp32 kernels over the rounded values; the two sum in
+  ///         different orders, so their last bits differ (`kvhead kernels`
+  ///         prints which runs). So, with
   ///         p_j the exact probabilities of the rounded inputs, each output
   ///         element is within 2^-8 sum_j p_j |v_j| (the rounding of p) plus
   ///         fp32 rounding of that exact attention on the rounded inputs
   ///         (tests/sdpa_bf16_test.cpp checks this bound). Against f32 on the
   ///         same (unrounded) inputs: max |out_bf16 - out_f32| / max |out_f32|
   ///         measured 2.6e-3 (32/8 heads, head_dim 128, 300 tokens, causal,
-  ///         N(0, 1) inputs, AVX2; tests/sdpa_bf16_test.cpp, ceiling 2e-2).
+  ///         N(0, 1) inputs; on AVX2 and on Zen 4's vdpbf16ps alike;
+  ///         tests/sdpa_bf16_test.cpp, ceiling 2e-2).
   ///         `probabilities`, when set, receives the fp32 softmax of the
   ///         rounded q and k's scores (not rounded to bf16): bit for bit what
   ///         f32 gives on inputs rounded beforehand. As for f32, results are
@@ -238,18 +245,22 @@ struct attention_config {
   ///         GEMM; products of bf16 values accumulated in fp32, biases and
   ///         outputs fp32. Attention: q after QK-norm and RoPE (both fp32),
   ///         and k and v, rounded to bf16 (k and v before a KV cache stores
-  ///         them, whatever its kv_dtype); q kᵀ of the rounded values in
-  ///         fp32; scale, masks, softmax, the running max and sum and the
-  ///         merge of chunks in fp32; the probabilities, unnormalized
+  ///         them, whatever its kv_dtype); q kᵀ of the rounded values with
+  ///         fp32 sums; scale, masks, softmax, the running max and sum and
+  ///         the merge of chunks in fp32; the probabilities, unnormalized
   ///         (exp(s - the max of their 256-key chunk)), rounded to bf16 for
-  ///         p v (the softmax's sum is that of the unrounded ones). The
+  ///         p v (the softmax's sum is that of the unrounded ones); q kᵀ and
+  ///         p v on vdpbf16ps where the CPU has AVX512-BF16, over the cache
+  ///         as stored (f32, bf16 or f16; an int8 cache on the fp32 kernels),
+  ///         as scaled_dot_product_attention's precision says. The
   ///         weight bytes halve (decode, bound by them, speeds up); on CPUs
   ///         with AMX or AVX512-BF16 the projections run on those units
   ///         (kvhead kernels prints which), elsewhere on the fp32 kernels
   ///         with the same results as rounding then computing in fp32.
   ///         Accuracy: max |y_bf16 - y_f32| / max |y_f32| measured 3.1e-3 on
   ///         a Llama-like layer (d_model 4096, 32/8 heads, head_dim 128, 300
-  ///         tokens; tests/bf16_layer_test.cpp, ceiling 2e-2), at most 7.6e-3
+  ///         tokens; tests/bf16_layer_test.cpp, ceiling 2e-2; 3.1e-3 also on
+  ///         Zen 4 with AVX512-BF16), at most 7.6e-3
   ///         on the PyTorch golden cases (fp32 fallback unit, AVX2; the bf16
   ///         units sum in another order). Results are bit-identical for any
   ///         thread count, chunking and batching, as for f32, on one machine

@@ -1,0 +1,249 @@
+// bf16 products over a paged B (gemm_bf16_paged, engine/gemm/gemm_bf16.hpp):
+// the driver and layouts through the scalar emulation on any CPU, the
+// avx512bf16 kernels where they run (else visibly skipped), against the
+// double reference on bf16-rounded inputs and bit for bit against each other.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/gemm/bf16_emulation.hpp"
+#include "engine/gemm/gemm_bf16.hpp"
+#include "kvhead/config.hpp"
+#include "tests/reference/gemm_reference.hpp"
+#include "tests/reference/kv_dtype_reference.hpp"
+
+namespace {
+
+using kvhead::kv_dtype;
+using kvhead::simd_path;
+using namespace kvhead::engine;
+
+// The layout the paged kernels read: the avx512 path's (NR 32).
+constexpr simd_path layout_path = simd_path::avx512;
+
+// B's values: N(0, 1) rounded to bf16 (attention's k, v and p are), stored
+// as `dtype`; `exact` holds what the stored element decodes to.
+struct stored_matrix {
+  std::vector<float> exact;  // k x n, row-major
+  std::vector<std::uint16_t> bits;
+};
+
+stored_matrix draw_b(std::size_t k, std::size_t n, kv_dtype dtype, std::mt19937& generator) {
+  namespace ref = kvhead::reference;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  stored_matrix b{std::vector<float>(k * n), std::vector<std::uint16_t>(k * n)};
+  for (std::size_t i = 0; i < k * n; ++i) {
+    const float value = float(ref::bf16_value(ref::round_to_bf16(normal(generator))));
+    b.bits[i] = dtype == kv_dtype::f16 ? ref::round_to_f16(value) : ref::round_to_bf16(value);
+    b.exact[i] = dtype == kv_dtype::f16 ? float(ref::f16_value(b.bits[i])) : value;
+  }
+  return b;
+}
+
+// B cut into pages, each packed in the layout of paged_b_view (gemm.hpp):
+// `page` rows x n (along k) or k x `page` columns, every page a buffer of
+// its own with NaN between the elements the layout uses, so a read outside
+// them shows.
+struct paged_matrix {
+  std::vector<std::vector<std::uint32_t>> storage;  // whole 32-bit words
+  std::vector<const void*> pages;
+  paged_b_view view;
+};
+
+paged_matrix page_b(const stored_matrix& b, std::size_t k, std::size_t n, std::size_t page, bool along_k,
+                    kv_dtype dtype) {
+  const gemm_config config = gemm_config_for(layout_path);
+  const std::size_t page_k = along_k ? page : k, page_n = along_k ? n : page;
+  const std::size_t count = along_k ? (k + page - 1) / page : (n + page - 1) / page;
+  const std::size_t bytes = dtype == kv_dtype::f32 ? 4 : 2;
+  const std::size_t elements = packed_b_floats(config, page_k, page_n);
+  paged_matrix paged;
+  for (std::size_t p = 0; p < count; ++p) {
+    std::vector<std::uint32_t> words((elements * bytes + 3) / 4, 0x7fc07fc0u);  // NaN as f32, bf16 and f16
+    for (std::size_t row = 0; row < page_k; ++row)
+      for (std::size_t col = 0; col < page_n; ++col) {
+        const std::size_t global_row = along_k ? p * page + row : row, global_col = along_k ? col : p * page + col;
+        const std::size_t at = pack_b_offset(config, page_k, page_n, row, col);
+        auto* target = reinterpret_cast<unsigned char*>(words.data()) + at * bytes;
+        if (global_row >= k || global_col >= n) {
+          std::memset(target, 0, bytes);  // padding of the last page: zeros, as a KV cache writes them
+        } else if (dtype == kv_dtype::f32) {
+          std::memcpy(target, &b.exact[global_row * n + global_col], 4);
+        } else {
+          std::memcpy(target, &b.bits[global_row * n + global_col], 2);
+        }
+      }
+    paged.storage.push_back(std::move(words));
+  }
+  for (const auto& words : paged.storage) paged.pages.push_back(words.data());
+  paged.view = {paged.pages.data(), page, along_k, k, n, layout_path, dtype};
+  return paged;
+}
+
+// The kernels to run: the emulation everywhere, the hardware where it runs.
+struct kernel_case {
+  const bf16_paged_kernels* kernels;
+  const char* name;
+};
+std::vector<kernel_case> kernels_to_test() {
+  std::vector<kernel_case> cases{{&emulated_bf16_paged_kernels(), "emulated"}};
+  if (bf16_unit_runs_here(bf16_unit::avx512bf16)) cases.push_back({&avx512bf16_paged_kernels(), "avx512bf16"});
+  return cases;
+}
+
+// |C - ref| <= (2k + 6) u |alpha| sum|a||b|: the products of bf16 values are
+// exact in fp32, each of the k sums rounds once (2 per pair bound for
+// safety, as for gemm_bf16), alpha's product once more. Subnormals flushed
+// add at most 2^-126 per step, far below it for N(0, 1) inputs.
+bool within_bound(float value, double reference, double magnitude, std::size_t k) {
+  constexpr double unit_roundoff = std::numeric_limits<float>::epsilon() / 2;
+  return std::fabs(double(value) - reference) <= (2.0 * double(k) + 6.0) * unit_roundoff * magnitude + 1e-30;
+}
+
+struct paged_case {
+  std::size_t m, n, k, page;
+  bool along_k;
+  kv_dtype dtype;
+  float alpha;
+};
+
+// Runs one case through every kernel set: within the bound of the reference
+// on the rounded inputs, bit-identical between kernel sets, and a single
+// row alone gives that row's bits.
+void check_case(const paged_case& test, std::mt19937& generator) {
+  namespace ref = kvhead::reference;
+  CAPTURE(test.m);
+  CAPTURE(test.n);
+  CAPTURE(test.k);
+  CAPTURE(test.page);
+  CAPTURE(test.along_k);
+  CAPTURE(std::string(kvhead::to_string(test.dtype)));
+  const std::size_t lda = test.k + 3;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> a(test.m * lda), a_rounded(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = normal(generator);
+    a_rounded[i] = float(ref::bf16_value(ref::round_to_bf16(a[i])));
+  }
+  const stored_matrix b = draw_b(test.k, test.n, test.dtype, generator);
+  const paged_matrix paged = page_b(b, test.k, test.n, test.page, test.along_k, test.dtype);
+  const auto reference = ref::gemm(test.m, test.n, test.k, test.alpha, a_rounded.data(), lda, false, b.exact.data(),
+                                   test.n, false, 0.0, nullptr, 0);
+  const std::size_t ldc = test.n + 2;
+  std::vector<float> first;
+  for (const kernel_case& kernels : kernels_to_test()) {
+    CAPTURE(kernels.name);
+    std::vector<float> c(test.m * ldc, std::numeric_limits<float>::quiet_NaN());
+    gemm_bf16_paged_with(*kernels.kernels, {test.m, test.n, test.k}, test.alpha, {a.data(), lda, transpose::no},
+                         paged.view, c.data(), ldc);
+    std::size_t failures = 0, padding_written = 0;
+    for (std::size_t i = 0; i < test.m; ++i)
+      for (std::size_t j = 0; j < ldc; ++j) {
+        const float value = c[i * ldc + j];
+        if (j >= test.n)
+          padding_written += !std::isnan(value);
+        else
+          failures +=
+              !within_bound(value, reference.value[i * test.n + j], reference.magnitude[i * test.n + j], test.k);
+      }
+    CHECK(failures == 0);
+    CHECK(padding_written == 0);
+    if (first.empty())
+      first = c;
+    else
+      CHECK(std::memcmp(first.data(), c.data(), c.size() * sizeof(float)) == 0);  // hardware = emulation
+    const std::size_t row = test.m / 2;
+    std::vector<float> alone(test.n);
+    gemm_bf16_paged_with(*kernels.kernels, {1, test.n, test.k}, test.alpha, {a.data() + row * lda, lda, transpose::no},
+                         paged.view, alone.data(), test.n);
+    CHECK(std::memcmp(alone.data(), c.data() + row * ldc, test.n * sizeof(float)) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gemm_bf16_paged: against the double reference over awkward shapes and pages, emulated and on avx512bf16") {
+  if (!bf16_unit_runs_here(bf16_unit::avx512bf16))
+    MESSAGE("avx512bf16 paged kernels not run (only their emulation): " << bf16_unit_refusal(bf16_unit::avx512bf16));
+  std::mt19937 generator(20261202);
+  const std::size_t rows[] = {1, 2, 3, 4, 11, 12, 13, 25, 120};
+  const std::size_t cols[] = {1, 7, 16, 31, 32, 33, 97, 128};
+  const std::size_t depths[] = {1, 2, 3, 17, 64, 127, 128, 255, 256};
+  const std::size_t pages[] = {16, 32, 64, 256};
+  const kv_dtype dtypes[] = {kv_dtype::f32, kv_dtype::bf16, kv_dtype::f16};
+  auto pick = [&](const auto& list) { return list[generator() % std::size(list)]; };
+  for (int sample = 0; sample < 60; ++sample) {
+    const bool along_k = sample % 2 == 0;
+    paged_case test{
+        pick(rows), pick(cols), pick(depths), pick(pages), along_k, pick(dtypes), sample % 3 == 0 ? 0.3f : 1.0f};
+    if (test.m * test.n * test.k > 400'000) test.m = 1 + test.m % 13;  // the emulation and the reference stay fast
+    check_case(test, generator);
+  }
+  // A single page along k holding an odd depth (a chunk's last keys), and
+  // the attention shapes themselves.
+  check_case({12, 128, 255, 255, true, kv_dtype::f32, 1.0f}, generator);
+  check_case({30, 256, 128, 16, false, kv_dtype::bf16, 0.088f}, generator);
+  check_case({30, 128, 256, 16, true, kv_dtype::f16, 1.0f}, generator);
+}
+
+TEST_CASE("gemm_bf16_paged: the same bits however B is cut into pages") {
+  std::mt19937 generator(7);
+  const std::size_t m = 29, n = 100, k = 256;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> a(m * k);
+  for (float& x : a) x = normal(generator);
+  for (const kv_dtype dtype : {kv_dtype::f32, kv_dtype::bf16, kv_dtype::f16})
+    for (const bool along_k : {true, false}) {
+      CAPTURE(along_k);
+      const stored_matrix b = draw_b(k, n, dtype, generator);
+      for (const kernel_case& kernels : kernels_to_test()) {
+        CAPTURE(kernels.name);
+        std::vector<float> whole;
+        for (const std::size_t page : {std::size_t{256}, std::size_t{64}, std::size_t{16}}) {
+          const std::size_t page_size = along_k ? page : std::min(page, n);
+          const paged_matrix paged = page_b(b, k, n, page_size, along_k, dtype);
+          std::vector<float> c(m * n);
+          gemm_bf16_paged_with(*kernels.kernels, {m, n, k}, 1.0f, {a.data(), k, transpose::no}, paged.view, c.data(),
+                               n);
+          if (whole.empty())
+            whole = c;
+          else
+            CHECK(std::memcmp(whole.data(), c.data(), c.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+}
+
+TEST_CASE("gemm_bf16_paged: bad arguments named, never a wrong answer") {
+  std::vector<float> a(64, 1.0f), c(64);
+  std::vector<std::uint32_t> page(4096, 0);
+  const void* pages[] = {page.data(), page.data()};
+  const bf16_paged_kernels& kernels = emulated_bf16_paged_kernels();
+  const paged_b_view int8_b{pages, 16, true, 16, 4, layout_path, kv_dtype::int8};
+  CHECK_THROWS_WITH_AS(
+      gemm_bf16_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, int8_b, c.data(), 4),
+      doctest::Contains("f32, bf16 or f16 B"), std::invalid_argument);
+  const paged_b_view odd_pages{pages, 3, true, 6, 4, layout_path, kv_dtype::f32};
+  CHECK_THROWS_WITH_AS(
+      gemm_bf16_paged_with(kernels, {2, 4, 6}, 1.0f, {a.data(), 6, transpose::no}, odd_pages, c.data(), 4),
+      doctest::Contains("even number of rows"), std::invalid_argument);
+  const paged_b_view narrow_path{pages, 16, true, 16, 4, simd_path::avx2, kv_dtype::f32};
+  CHECK_THROWS_WITH_AS(
+      gemm_bf16_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, narrow_path, c.data(), 4),
+      doctest::Contains("NR 32"), std::invalid_argument);
+  const paged_b_view fine{pages, 16, true, 16, 4, layout_path, kv_dtype::f32};
+  CHECK_THROWS_WITH_AS(gemm_bf16_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 8, transpose::no}, fine, c.data(), 4),
+                       doctest::Contains("leading dimension of A"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      gemm_bf16_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::yes}, fine, c.data(), 4),
+      doctest::Contains("not transposed"), std::invalid_argument);
+  if (!gemm_bf16_paged_runs(layout_path, kv_dtype::f32))
+    CHECK_THROWS_WITH_AS(gemm_bf16_paged({2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, fine, c.data(), 4),
+                         doctest::Contains("need avx512bf16"), std::invalid_argument);
+}
