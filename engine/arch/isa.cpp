@@ -65,7 +65,8 @@ struct registers {
 };
 registers cpuid_leaf(unsigned leaf, unsigned subleaf) {
   registers r;
-  if (static_cast<unsigned>(__get_cpuid_max(0, nullptr)) >= leaf) __cpuid_count(leaf, subleaf, r.eax, r.ebx, r.ecx, r.edx);
+  if (static_cast<unsigned>(__get_cpuid_max(0, nullptr)) >= leaf)
+    __cpuid_count(leaf, subleaf, r.eax, r.ebx, r.ecx, r.edx);
   return r;
 }
 
@@ -86,6 +87,8 @@ engine::bf16_hardware detect_bf16_hardware() {
     hardware.amx_missing = "the OS does not enable the AMX tile state (XCR0 bits 17-18)";
   else if (!avx512)
     hardware.amx_missing = "AMX without a working avx512 path";
+  else if (!hardware.avx512bf16_missing.empty())  // the amx unit converts A with vcvtne2ps2bf16
+    hardware.amx_missing = "AMX without AVX512-BF16 (" + hardware.avx512bf16_missing + ")";
   return hardware;
 }
 
@@ -110,7 +113,8 @@ simd_path path_named_by_isa_variable() {
   const char* forced = std::getenv("KVHEAD_ISA");
   if (forced == nullptr || *forced == '\0') return supported_simd_paths().front();
   const std::string_view name(forced);
-  if (std::any_of(std::begin(bf16_levels), std::end(bf16_levels), [&](const bf16_level& level) { return name == level.name; })) {
+  if (std::any_of(std::begin(bf16_levels), std::end(bf16_levels),
+                  [&](const bf16_level& level) { return name == level.name; })) {
     engine::bf16_request_from_isa_variable();  // throws when the unit's hardware is missing
     return simd_path::avx512;
   }
@@ -151,11 +155,12 @@ bf16_isa_request bf16_request_from_isa_variable() {
   const std::string_view name(forced);
   for (const bf16_level& level : bf16_levels) {
     if (name != level.name) continue;
-    const std::string& missing = level.limit == bf16_isa_limit::amx ? host_bf16_hardware().amx_missing
-                                                                    : host_bf16_hardware().avx512bf16_missing;
+    const std::string& missing =
+        level.limit == bf16_isa_limit::amx ? host_bf16_hardware().amx_missing : host_bf16_hardware().avx512bf16_missing;
     if (!missing.empty())
-      throw std::runtime_error("KVHEAD_ISA=" + std::string(name) + ": this CPU (or its OS) cannot run that bf16 unit (" +
-                               missing + "); the SIMD paths it supports: " + supported_list());
+      throw std::runtime_error("KVHEAD_ISA=" + std::string(name) +
+                               ": this CPU (or its OS) cannot run that bf16 unit (" + missing +
+                               "); the SIMD paths it supports: " + supported_list());
     return {level.limit, true};
   }
   active_simd_path();  // an unknown name or a path this CPU cannot run throws here

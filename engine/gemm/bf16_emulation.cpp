@@ -137,10 +137,11 @@ const bf16_kernels& emulated_bf16_kernels(bf16_unit unit) {
       table<avx512bf16_kernel<skinny_panels>::rows>(std::make_index_sequence<skinny_rows>{});
   static constexpr auto amx_table = table<amx_kernel>(std::make_index_sequence<amx_mr>{});
   static const bf16_kernels avx512bf16{
-      bf16_unit::avx512bf16, bf16_a_layout::pairs, avx512bf16_mr,       1,       avx512bf16_table.data(),
-      skinny_rows,           skinny_panels,        skinny_table.data(), nullptr, nullptr};
+      bf16_unit::avx512bf16, bf16_a_layout::pairs, avx512bf16_mr, 1,       avx512bf16_table.data(), skinny_rows,
+      skinny_panels,         skinny_table.data(),  nullptr,       nullptr, emulated_convert_rows};
   static const bf16_kernels amx{
-      bf16_unit::amx, bf16_a_layout::tile_rows, amx_mr, 16, amx_table.data(), 0, 0, nullptr, nullptr, nullptr};
+      bf16_unit::amx, bf16_a_layout::tile_rows, amx_mr, 16, amx_table.data(), 0, 0, nullptr, nullptr,
+      nullptr,        emulated_convert_rows};
   return unit == bf16_unit::amx ? amx : avx512bf16;
 }
 

@@ -69,7 +69,12 @@ enum class bf16_a_layout { pairs, tile_rows };
 /// for rows 1..skinny_rows over skinny_panels panels at once (few rows of A,
 /// decode projections: enough independent accumulators to hide latency).
 /// begin_task / end_task (may be null) run around each task on its thread
-/// (AMX: load the tile configuration, release the tiles).
+/// (AMX: load the tile configuration, release the tiles). convert_rows
+/// rounds A's fp32 rows to bf16 rows for the packing (every unit's:
+/// vcvtne2ps2bf16, or its emulation): to nearest even, subnormal fp32 read
+/// as zero, zero from `cols` up to a whole pair.
+using bf16_convert_rows_function = void (*)(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols,
+                                            bf16_bits* to, std::size_t to_ld);
 struct bf16_kernels {
   bf16_unit unit;
   bf16_a_layout a_layout;
@@ -80,12 +85,18 @@ struct bf16_kernels {
   const bf16_microkernel_function* skinny;  // [rows - 1], or null
   void (*begin_task)();
   void (*end_task)();
+  bf16_convert_rows_function convert_rows;
 };
 
 /// The hardware kernels of `unit` (avx512bf16 or amx), compiled in
 /// engine/gemm/kernels_<unit>.cpp.
 const bf16_kernels& avx512bf16_kernels();
 const bf16_kernels& amx_kernels();
+
+/// vcvtne2ps2bf16's conversion (kernels_avx512bf16.cpp), which the amx unit
+/// also uses (an AMX CPU has AVX512-BF16: engine/arch/isa.cpp checks).
+void avx512bf16_convert_rows(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, bf16_bits* to,
+                             std::size_t to_ld);
 
 /// The one-time self-test of a unit (bf16_units.cpp): "" when `kernels`
 /// reproduce their emulation bit for bit on a small GEMM whose partial sums
@@ -130,13 +141,11 @@ using bf16_paged_function = void (*)(const bf16_paged_params&);
 
 /// The paged kernels of a unit: by_element[e][rows - 1] for rows 1..mr and
 /// B stored as kv_dtype e (null for int8, which none takes), and the
-/// conversion of A's fp32 rows to bf16 rows (rounded to nearest even, zero
-/// from `cols` up to a whole pair).
+/// conversion of A's fp32 rows to bf16 rows (as bf16_kernels').
 struct bf16_paged_kernels {
   std::size_t mr;
   const bf16_paged_function* by_element[stored_dtype_count];
-  void (*convert_rows)(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, bf16_bits* to,
-                       std::size_t to_ld);
+  bf16_convert_rows_function convert_rows;
 };
 
 /// The hardware paged kernels (kernels_avx512bf16.cpp; their scalar

@@ -44,11 +44,11 @@ packed_bf16_b::packed_bf16_b(std::size_t k, std::size_t n, const bf16_bits* b, s
     : k_(k), n_(n), unit_(unit), path_(fallback_path) {
   validate_b(b, ldb, trans, k, n);
   const std::size_t row_stride = trans == transpose::no ? ldb : 1, col_stride = trans == transpose::no ? 1 : ldb;
-  pack([&](std::size_t row, std::size_t col) { return b[row * row_stride + col * col_stride]; }, trans == transpose::yes);
+  pack([&](std::size_t row, std::size_t col) { return b[row * row_stride + col * col_stride]; },
+       trans == transpose::yes);
 }
 
-packed_bf16_b::packed_bf16_b(std::size_t k, std::size_t n, gemm_operand b_fp32, bf16_unit unit,
-                             simd_path fallback_path)
+packed_bf16_b::packed_bf16_b(std::size_t k, std::size_t n, gemm_operand b_fp32, bf16_unit unit, simd_path fallback_path)
     : k_(k), n_(n), unit_(unit), path_(fallback_path) {
   validate_b(b_fp32.data, b_fp32.ld, b_fp32.trans, k, n);
   const std::size_t row_stride = b_fp32.trans == transpose::no ? b_fp32.ld : 1;
@@ -108,18 +108,30 @@ void validate_bf16_gemm(gemm_shape shape, gemm_operand a, const packed_bf16_b& b
 }
 
 // Packs rows [row0, row0 + rows) of op(A)[:, k0 : k0 + depth], rounded to
-// bf16, as one A panel of the kernels' layout (MR rows, zero past `rows`
-// and past the depth, up to 2 * pairs).
+// bf16 by the unit's conversion (kernels.convert_rows, vectorized on the
+// hardware), as one A panel of the kernels' layout (MR rows, zero past
+// `rows` and past the depth, up to 2 * pairs). A row at a time: a
+// transposed A's row is gathered first, and the pairs layout takes the
+// converted row's 32-bit pairs one by one.
 void pack_a_panel(const bf16_kernels& kernels, gemm_operand a, std::size_t row0, std::size_t rows, std::size_t k0,
                   std::size_t depth, std::size_t pairs, bf16_bits* panel) {
   std::memset(panel, 0, kernels.mr * 2 * pairs * sizeof(bf16_bits));
-  const std::size_t row_stride = a.trans == transpose::no ? a.ld : 1, k_stride = a.trans == transpose::no ? 1 : a.ld;
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t k = 0; k < depth; ++k) {
-      const std::size_t at = kernels.a_layout == bf16_a_layout::pairs ? ((k / 2) * kernels.mr + r) * 2 + k % 2
-                                                                       : r * 2 * pairs + k;
-      panel[at] = encode_bf16(a.data[(row0 + r) * row_stride + (k0 + k) * k_stride]);
+  float gathered[bf16_kc];
+  bf16_bits converted[bf16_kc];
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* row = a.data + (row0 + r) * a.ld + k0;
+    if (a.trans == transpose::yes) {
+      for (std::size_t k = 0; k < depth; ++k) gathered[k] = a.data[(k0 + k) * a.ld + row0 + r];
+      row = gathered;
     }
+    if (kernels.a_layout == bf16_a_layout::tile_rows) {
+      kernels.convert_rows(row, depth, 1, depth, panel + r * 2 * pairs, 2 * pairs);
+      continue;
+    }
+    kernels.convert_rows(row, depth, 1, depth, converted, bf16_kc);
+    for (std::size_t q = 0; q < ceil_div(depth, 2); ++q)
+      std::memcpy(panel + (q * kernels.mr + r) * 2, converted + 2 * q, 2 * sizeof(bf16_bits));
+  }
 }
 
 // Runs `kernel` on C[0:rows, 0:cols] of a tile `width` columns wide (cols <

@@ -1,7 +1,9 @@
 // bf16 GEMM, row-major:  C = round_bf16(op(A)) * B + beta * C
 //
 //   op(A) is m x k, fp32 (gemm_operand, as for gemm()), rounded to the
-//         nearest even bf16 (round_to_bf16) as it is packed;
+//         nearest even bf16 as it is packed (the fallback: round_to_bf16;
+//         the bf16 units: vcvtne2ps2bf16, which also reads subnormal fp32
+//         as zero, as their products do with subnormal bf16);
 //   B     is k x n, stored bf16, packed once (packed_bf16_b) in the layout
 //         of the unit that multiplies;
 //   C     is m x n fp32 (c[i*ldc + j], ldc >= n); fp32 accumulation.

@@ -101,8 +101,9 @@ constexpr auto kernels = kernel_table(std::make_index_sequence<amx_mr>{});
 }  // namespace
 
 const bf16_kernels& amx_kernels() {
-  static const bf16_kernels table{bf16_unit::amx, bf16_a_layout::tile_rows, amx_mr,           16, kernels.data(), 0, 0,
-                                  nullptr,        &load_tile_config,        &release_tiles};
+  static const bf16_kernels table{
+      bf16_unit::amx, bf16_a_layout::tile_rows, amx_mr, 16, kernels.data(), 0, 0, nullptr, &load_tile_config,
+      &release_tiles, avx512bf16_convert_rows};
   return table;
 }
 

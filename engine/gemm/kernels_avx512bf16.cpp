@@ -167,10 +167,21 @@ void paged_kernel(const bf16_paged_params& params) {
   }
 }
 
+template <class Element, std::size_t... Index>
+constexpr std::array<bf16_paged_function, sizeof...(Index)> paged_table(std::index_sequence<Index...>) {
+  return {&paged_kernel<Element, Index + 1>...};
+}
+
+constexpr auto paged_f32 = paged_table<float>(std::make_index_sequence<avx512bf16_mr>{});
+constexpr auto paged_bf16 = paged_table<bf16_bits>(std::make_index_sequence<avx512bf16_mr>{});
+constexpr auto paged_f16 = paged_table<f16_bits>(std::make_index_sequence<avx512bf16_mr>{});
+
+}  // namespace
+
 // Rows [0, rows) of fp32 A, columns [0, cols), to bf16 rows rounded to
 // nearest even (vcvtne2ps2bf16), zero up to a whole pair.
-void convert_rows(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, bf16_bits* to,
-                  std::size_t to_ld) {
+void avx512bf16_convert_rows(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, bf16_bits* to,
+                             std::size_t to_ld) {
   const std::size_t padded = cols + cols % 2;
   for (std::size_t row = 0; row < rows; ++row)
     for (std::size_t col = 0; col < padded; col += 32) {
@@ -185,26 +196,16 @@ void convert_rows(const float* from, std::size_t from_ld, std::size_t rows, std:
     }
 }
 
-template <class Element, std::size_t... Index>
-constexpr std::array<bf16_paged_function, sizeof...(Index)> paged_table(std::index_sequence<Index...>) {
-  return {&paged_kernel<Element, Index + 1>...};
-}
-
-constexpr auto paged_f32 = paged_table<float>(std::make_index_sequence<avx512bf16_mr>{});
-constexpr auto paged_bf16 = paged_table<bf16_bits>(std::make_index_sequence<avx512bf16_mr>{});
-constexpr auto paged_f16 = paged_table<f16_bits>(std::make_index_sequence<avx512bf16_mr>{});
-
-}  // namespace
-
 const bf16_kernels& avx512bf16_kernels() {
-  static const bf16_kernels table{bf16_unit::avx512bf16, bf16_a_layout::pairs, avx512bf16_mr, 1,       kernels.data(),
-                                  bf16_skinny_rows,      bf16_skinny_panels,   skinny.data(), nullptr, nullptr};
+  static const bf16_kernels table{bf16_unit::avx512bf16,  bf16_a_layout::pairs, avx512bf16_mr, 1,       kernels.data(),
+                                  bf16_skinny_rows,       bf16_skinny_panels,   skinny.data(), nullptr, nullptr,
+                                  avx512bf16_convert_rows};
   return table;
 }
 
 const bf16_paged_kernels& avx512bf16_paged_kernels() {
   static const bf16_paged_kernels table{
-      avx512bf16_mr, {paged_f32.data(), paged_bf16.data(), paged_f16.data(), nullptr}, convert_rows};
+      avx512bf16_mr, {paged_f32.data(), paged_bf16.data(), paged_f16.data(), nullptr}, avx512bf16_convert_rows};
   return table;
 }
 
