@@ -72,8 +72,15 @@ const std::string& bf16_unit_refusal(bf16_unit unit);
 ///                  padded with zero rows to a multiple of 2 (avx512bf16) or
 ///                  of 32 (amx: whole tile steps); columns past n are zero.
 ///                  Block k0 starts at element k0 * round_up(n, bf16_nr).
-inline constexpr std::size_t bf16_nr = 32;   // two zmm of 16 fp32 lanes; two 16-column AMX tiles
-inline constexpr std::size_t bf16_kc = 256;  // depth of one sum block; a multiple of the AMX tile's 32
+inline constexpr std::size_t bf16_nr = 32;  // two zmm of 16 fp32 lanes; two 16-column AMX tiles
+/// bf16_kc: the depth of one sum block (a multiple of the AMX tile's 32).
+/// Deep, because each block costs a pass over C (read, add, write) and a
+/// restart of every B stream, while a 12-row A panel of 2048 k (48 KiB)
+/// still sits in L2 beside the B panel it streams: Zen 4, 1 thread, in one
+/// session, against 256: 1024^3 165 -> 197 GFLOP/s, 2048^3 180 -> 201
+/// (86-88 % of limit_avx512bf16), a decode projection (m 1, 2048 x 3072,
+/// from DRAM) 20 -> 23 GB/s; 1024 measured within noise of 2048.
+inline constexpr std::size_t bf16_kc = 2048;
 static_assert(bf16_kc % 32 == 0 && bf16_nr % 16 == 0);
 
 /// op(B) (k x n), stored bf16, packed once in the layout `unit` reads (see
