@@ -8,7 +8,9 @@
 //       the same in bf16 precision (attention.hpp, attention_config::
 //       precision): S2 the public SDPA with attention_options::precision
 //       bf16 (its rounding of Q/K/V timed with it); S3 a bf16 layer.
-// Counters: gflops, gbps (fp32 inputs and outputs once, for either precision), pct_peak.
+// Counters: gflops, gbps (fp32 inputs and outputs once, for either precision),
+// pct_peak (of the FMA peak; for bf16, of the active bf16 unit's peak,
+// limit_avx512bf16 or limit_amx_bf16, which is the FMA peak on the fallback).
 #include <tbb/task_arena.h>
 
 #include "bench/bench_util.hpp"
@@ -45,7 +47,7 @@ void kvhead::bench::run_prefill(benchmark::State& state, const prefill_shape& sh
     arena.execute([&] { kvhead_prefill(shape, in, out.data(), compute); });
     benchmark::DoNotOptimize(out.data());
   }
-  set_rates(state, shape.flops(), shape.bytes(), bound_by::fma_peak, threads);
+  set_rates(state, shape.flops(), shape.bytes(), compute_bound(compute), threads);
 }
 
 namespace {
@@ -65,7 +67,7 @@ void s3_mha_layer(benchmark::State& state, kvhead::precision compute) {
     arena.execute([&] { layer.forward(in.x.data(), shape.batch, shape.seq, y.data()); });
     benchmark::DoNotOptimize(y.data());
   }
-  kvhead::bench::set_rates(state, shape.flops(), shape.bytes(), kvhead::bench::bound_by::fma_peak, threads);
+  kvhead::bench::set_rates(state, shape.flops(), shape.bytes(), kvhead::bench::compute_bound(compute), threads);
 }
 
 }  // namespace

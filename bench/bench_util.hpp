@@ -10,6 +10,7 @@
 #include <benchmark/benchmark.h>
 
 #include "bench/limits.hpp"
+#include "kvhead/config.hpp"
 
 namespace kvhead::bench {
 
@@ -30,6 +31,10 @@ inline benchmark::Counter rate(double amount) {
 // The limit that bounds a benchmark: the FMA peak (compute-bound, reported as
 // pct_peak) or the DRAM read bandwidth (memory-bound, pct_dram).
 enum class bound_by { fma_peak, bf16_peak, dram_read };
+// The compute limit of a precision: the FMA peak for f32, the bf16 unit's for bf16.
+inline bound_by compute_bound(precision compute) {
+  return compute == precision::bf16 ? bound_by::bf16_peak : bound_by::fma_peak;
+}
 
 // Per-iteration flops and bytes as gflops and gbps, and the rate of the
 // bounding one in percent of that limit at the benchmark's thread count.

@@ -83,7 +83,8 @@ struct user_kv_layout {
   std::size_t key_floats;
   const float* values;
   std::size_t value_floats;
-  std::size_t first_chunk;  // the chunk packed first (none before it is read)
+  std::size_t first_chunk;    // the chunk packed first (none before it is read)
+  const char* values_finite;  // per packed chunk: its V holds no NaN or Inf (with `values`)
 };
 
 class user_kv_source final : public kv_chunk_source {
@@ -99,7 +100,9 @@ class user_kv_source final : public kv_chunk_source {
     const std::size_t slot = chunk - packed_.first_chunk;
     const packed_b_view keys{packed_.keys + slot * packed_.key_floats, head_dim_, width, path_};
     if (packed_.values != nullptr)
-      return {keys, {packed_.values + slot * packed_.value_floats, width, head_dim_, path_}, {}};
+      return {keys,    {packed_.values + slot * packed_.value_floats, width, head_dim_, path_},
+              {},      nullptr,
+              nullptr, packed_.values_finite[slot] != 0};
     return {keys, {}, {v_ + key0 * v_seq_stride_, v_seq_stride_, transpose::no}};
   }
 
@@ -322,7 +325,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     std::optional<scratch_lease> copy;
     const void* pages[max_segments_per_chunk];
     std::copy(value_pages + start, value_pages + segments, pages);
-    if (from < keys.begin && !all_finite(views[start].values, keys.begin - from))
+    if (from < keys.begin && !views[start].values_finite && !all_finite(views[start].values, keys.begin - from))
       pages[0] = page_with_leading_zeros(views[start].values, keys.begin - from, copy);
     const paged_b_view values{
         pages, first_values.k, true, keys.end - from, head_dim, first_values.path, first_values.element};
@@ -334,7 +337,8 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   auto values_finite = [&] {
     if (in_place) return all_finite(views[first_segment].values_in_place, width, head_dim);
     for (std::size_t s = first_segment; s * segment_keys < width; ++s)
-      if (!all_finite(views[s].values, std::min(segment_keys, width - s * segment_keys))) return false;
+      if (!views[s].values_finite && !all_finite(views[s].values, std::min(segment_keys, width - s * segment_keys)))
+        return false;
     return true;
   };
   if (uniform) {
@@ -519,6 +523,7 @@ struct flash_workspace {
   std::vector<std::size_t> first_chunk;   // per (batch, kv head): its first chunk slot of packed keys
   // Per packing task: (batch * G + kv head, chunk).
   std::vector<std::pair<std::size_t, std::size_t>> packs;
+  std::vector<char> values_finite;  // per packing task: its packed V is finite
   std::vector<user_kv_source> sources;
   std::vector<const kv_chunk_source*> tile_sources;
 };
@@ -594,21 +599,29 @@ void flash_attention(const attention_problem& problem) {
     return tensor.data + index / dims.num_kv_heads * tensor.batch_stride +
            index % dims.num_kv_heads * tensor.head_stride;
   };
+  work->values_finite.assign(work->packs.size(), 0);
   run_indices(work->packs.size(), [&](std::size_t task) {
     const auto [index, chunk] = work->packs[task];
     const std::size_t key0 = chunk * kv_chunk, width = std::min(kv_chunk, work->keys_seen[index] - key0);
     pack_operand({head_rows(problem.k, index) + key0 * problem.k.seq_stride, problem.k.seq_stride, transpose::yes},
                  dims.head_dim, width, config, packed_keys.data() + task * key_floats);
-    if (pack_values)
+    if (pack_values) {
+      float* const values = packed_values.data() + task * value_floats;
       pack_operand({head_rows(problem.v, index) + key0 * problem.v.seq_stride, problem.v.seq_stride, transpose::no},
-                   width, dims.head_dim, config, packed_values.data() + task * value_floats);
+                   width, dims.head_dim, config, values);
+      // Once here, not per tile: the P·V of the causal diagonal asks.
+      work->values_finite[task] = all_finite(packed_b_view{values, width, dims.head_dim, problem.path}, width);
+    }
   });
   work->sources.clear();
   for (std::size_t index = 0; index < sources; ++index) {
     const std::size_t slot = work->first_chunk[index];
-    const user_kv_layout packed{packed_keys.data() + slot * key_floats, key_floats,
-                                pack_values ? packed_values.data() + slot * value_floats : nullptr, value_floats,
-                                work->chunk_from[index]};
+    const user_kv_layout packed{packed_keys.data() + slot * key_floats,
+                                key_floats,
+                                pack_values ? packed_values.data() + slot * value_floats : nullptr,
+                                value_floats,
+                                work->chunk_from[index],
+                                work->values_finite.data() + slot};
     work->sources.emplace_back(packed, work->keys_seen[index], head_rows(problem.v, index), problem.v.seq_stride,
                                dims.head_dim, problem.path);
   }

@@ -75,6 +75,9 @@ struct kv_segment {
   gemm_operand values_in_place;
   const float* key_scales = nullptr;
   const float* value_scales = nullptr;
+  /// True when every row of `values` is known to be finite (checked once
+  /// as the source packed them); false: unknown, the kernel checks.
+  bool values_finite = false;
 };
 
 /// Supplies the chunks of one (sequence, kv head): user K/V (flash_attention),
