@@ -180,57 +180,66 @@ TEST_CASE("attention with a sliding window: NaN in keys and values outside a que
   // Key and value 300 poisoned: seen by queries 300 .. 300 + window - 1 only.
   // User K/V (prefill, V packed or read in place) and a cache of 16-key
   // blocks (a window edge inside a block: its V page copied with zeros).
+  // In bf16 precision too, where the CPU's bf16 products read K and V in
+  // pairs of keys (gemm_bf16_paged): a pair never reaches past a query's keys.
   constexpr std::size_t seq = 700, head_dim = 16, poisoned = 300;
-  for (simd_path path : kvhead::supported_simd_paths())
-    for (std::size_t window : {1, 5, 250, 257}) {
-      std::mt19937 generator(3);
-      sdpa_setup setup;
-      setup.dims = {1, 2, 1, seq, seq, head_dim};
-      setup.causal = true;
-      setup.window = window;
-      sdpa_data data = make_data(setup, generator);
-      for (std::size_t e = 0; e < head_dim; ++e) {
-        data.k[poisoned * head_dim + e] = NAN;
-        data.v[poisoned * head_dim + e] = NAN;
+  for (const kvhead::precision precision : {kvhead::precision::f32, kvhead::precision::bf16})
+    for (simd_path path : kvhead::supported_simd_paths())
+      for (std::size_t window : {1, 5, 250, 257}) {
+        std::mt19937 generator(3);
+        sdpa_setup setup;
+        setup.dims = {1, 2, 1, seq, seq, head_dim};
+        setup.causal = true;
+        setup.window = window;
+        sdpa_data data = make_data(setup, generator);
+        for (std::size_t e = 0; e < head_dim; ++e) {
+          data.k[poisoned * head_dim + e] = NAN;
+          data.v[poisoned * head_dim + e] = NAN;
+        }
+        auto sees = [&](std::size_t i) { return i >= poisoned && i < poisoned + window; };
+        std::vector<float> out;
+        kvhead::engine::attention_problem problem = make_problem(setup, data, out, path);
+        problem.precision = precision;
+        kvhead::engine::flash_attention(problem);
+        for (std::size_t i = 0; i < seq; ++i) {
+          INFO("precision " << std::string(kvhead::to_string(precision)) << " path "
+                            << std::string(kvhead::to_string(path)) << " window " << window << " query " << i);
+          CHECK(std::isnan(out[i * head_dim]) == sees(i));
+        }
+        kvhead::kv_cache cache({1, 1, head_dim, 16, 4u << 20});
+        const kvhead::sequence_id id = cache.create();
+        cache.append(id, seq);
+        std::size_t count = 0;
+        const std::vector<kvhead::engine::cached_rows> rows = {
+            {kvhead::engine::kv_cache_internals::block_table(cache, id, &count), seq, 0, 0}};
+        kvhead::engine::write_cached_kv(cache, 0, rows, data.k.data(), data.v.data(), path);
+        // q [seq, 2 heads, d] from the bhsd q of the setup.
+        std::vector<float> q(seq * 2 * head_dim), cached(q.size());
+        for (std::size_t h = 0; h < 2; ++h)
+          for (std::size_t i = 0; i < seq; ++i)
+            std::copy_n(data.q.data() + (h * seq + i) * head_dim, head_dim, q.data() + (i * 2 + h) * head_dim);
+        const float scale = float(1.0 / std::sqrt(double(head_dim)));
+        kvhead::engine::cached_attention(cache, 0, rows, 2, q.data(), 2 * head_dim, cached.data(), scale, window, path,
+                                         {}, precision);
+        for (std::size_t i = 0; i < seq; ++i) {
+          INFO("cache, precision " << std::string(kvhead::to_string(precision)) << " path "
+                                   << std::string(kvhead::to_string(path)) << " window " << window << " query " << i);
+          CHECK(std::isnan(cached[i * 2 * head_dim]) == sees(i));
+          if (!sees(i))
+            CHECK(std::memcmp(cached.data() + i * 2 * head_dim, out.data() + i * head_dim, 4 * head_dim) == 0);
+        }
+        for (std::size_t position : {poisoned - 1, poisoned + window - 1, poisoned + window, seq - 1}) {
+          const std::vector<kvhead::engine::cached_rows> step = {
+              {kvhead::engine::kv_cache_internals::block_table(cache, id, &count), position + 1, position, 0}};
+          std::vector<float> one(2 * head_dim);
+          kvhead::engine::cached_attention(cache, 0, step, 2, q.data() + position * 2 * head_dim, 2 * head_dim,
+                                           one.data(), scale, window, path, {}, precision);
+          INFO("cache decode, precision " << std::string(kvhead::to_string(precision)) << " path "
+                                          << std::string(kvhead::to_string(path)) << " window " << window
+                                          << " position " << position);
+          CHECK(std::memcmp(one.data(), cached.data() + position * 2 * head_dim, one.size() * sizeof(float)) == 0);
+        }
       }
-      auto sees = [&](std::size_t i) { return i >= poisoned && i < poisoned + window; };
-      std::vector<float> out;
-      kvhead::engine::flash_attention(make_problem(setup, data, out, path));
-      for (std::size_t i = 0; i < seq; ++i) {
-        INFO("path " << std::string(kvhead::to_string(path)) << " window " << window << " query " << i);
-        CHECK(std::isnan(out[i * head_dim]) == sees(i));
-      }
-      kvhead::kv_cache cache({1, 1, head_dim, 16, 4u << 20});
-      const kvhead::sequence_id id = cache.create();
-      cache.append(id, seq);
-      std::size_t count = 0;
-      const std::vector<kvhead::engine::cached_rows> rows = {
-          {kvhead::engine::kv_cache_internals::block_table(cache, id, &count), seq, 0, 0}};
-      kvhead::engine::write_cached_kv(cache, 0, rows, data.k.data(), data.v.data(), path);
-      // q [seq, 2 heads, d] from the bhsd q of the setup.
-      std::vector<float> q(seq * 2 * head_dim), cached(q.size());
-      for (std::size_t h = 0; h < 2; ++h)
-        for (std::size_t i = 0; i < seq; ++i)
-          std::copy_n(data.q.data() + (h * seq + i) * head_dim, head_dim, q.data() + (i * 2 + h) * head_dim);
-      const float scale = float(1.0 / std::sqrt(double(head_dim)));
-      kvhead::engine::cached_attention(cache, 0, rows, 2, q.data(), cached.data(), scale, window, path);
-      for (std::size_t i = 0; i < seq; ++i) {
-        INFO("cache, path " << std::string(kvhead::to_string(path)) << " window " << window << " query " << i);
-        CHECK(std::isnan(cached[i * 2 * head_dim]) == sees(i));
-        if (!sees(i))
-          CHECK(std::memcmp(cached.data() + i * 2 * head_dim, out.data() + i * head_dim, 4 * head_dim) == 0);
-      }
-      for (std::size_t position : {poisoned - 1, poisoned + window - 1, poisoned + window, seq - 1}) {
-        const std::vector<kvhead::engine::cached_rows> step = {
-            {kvhead::engine::kv_cache_internals::block_table(cache, id, &count), position + 1, position, 0}};
-        std::vector<float> one(2 * head_dim);
-        kvhead::engine::cached_attention(cache, 0, step, 2, q.data() + position * 2 * head_dim, one.data(), scale,
-                                         window, path);
-        INFO("cache decode, path " << std::string(kvhead::to_string(path)) << " window " << window << " position "
-                                   << position);
-        CHECK(std::memcmp(one.data(), cached.data() + position * 2 * head_dim, one.size() * sizeof(float)) == 0);
-      }
-    }
 }
 
 TEST_CASE("attention sinks: rows with every key masked give zeros, as Hugging Face's eager gpt-oss gives them") {

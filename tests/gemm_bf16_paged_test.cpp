@@ -48,8 +48,8 @@ stored_matrix draw_b(std::size_t k, std::size_t n, kv_dtype dtype, std::mt19937&
 
 // B cut into pages, each packed in the layout of paged_b_view (gemm.hpp):
 // `page` rows x n (along k) or k x `page` columns, every page a buffer of
-// its own with NaN between the elements the layout uses, so a read outside
-// them shows.
+// its own with NaN between the elements the layout uses and in the rows and
+// columns past B's edge, so a read outside B shows.
 struct paged_matrix {
   std::vector<std::vector<std::uint32_t>> storage;  // whole 32-bit words
   std::vector<const void*> pages;
@@ -71,13 +71,12 @@ paged_matrix page_b(const stored_matrix& b, std::size_t k, std::size_t n, std::s
         const std::size_t global_row = along_k ? p * page + row : row, global_col = along_k ? col : p * page + col;
         const std::size_t at = pack_b_offset(config, page_k, page_n, row, col);
         auto* target = reinterpret_cast<unsigned char*>(words.data()) + at * bytes;
-        if (global_row >= k || global_col >= n) {
-          std::memset(target, 0, bytes);  // padding of the last page: zeros, as a KV cache writes them
-        } else if (dtype == kv_dtype::f32) {
-          std::memcpy(target, &b.exact[global_row * n + global_col], 4);
-        } else {
-          std::memcpy(target, &b.bits[global_row * n + global_col], 2);
-        }
+        if (global_row >= k || global_col >= n) continue;  // past B's edge: stays NaN, never read
+        const std::size_t index = global_row * n + global_col;
+        if (dtype == kv_dtype::f32)
+          std::memcpy(target, &b.exact[index], 4);
+        else
+          std::memcpy(target, &b.bits[index], 2);
       }
     paged.storage.push_back(std::move(words));
   }
