@@ -55,18 +55,20 @@ struct panel_order<avx512_arch, bf16_bits, 2> {
   }
   // lanes[0] = c0 c2 .. c30, lanes[1] = c1 c3 .. c31  <->  c0 .. c15, c16 .. c31.
   [[gnu::always_inline]] static void to_memory(batch* lanes) {
-    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    const __m512 even = lanes[0], odd = lanes[1];
-    lanes[0] = _mm512_permutex2var_ps(even, first, odd);
-    lanes[1] = _mm512_permutex2var_ps(even, second, odd);
+    permute(lanes, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+            _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
   }
   [[gnu::always_inline]] static void from_memory(batch* lanes) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    permute(lanes, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+            _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
+  }
+
+ private:
+  // lanes[0] and lanes[1] := the pair's lanes at `first` and at `second` (0-15: lanes[0], 16-31: lanes[1]).
+  [[gnu::always_inline]] static void permute(batch* lanes, __m512i first, __m512i second) {
     const __m512 low = lanes[0], high = lanes[1];
-    lanes[0] = _mm512_permutex2var_ps(low, even, high);
-    lanes[1] = _mm512_permutex2var_ps(low, odd, high);
+    lanes[0] = _mm512_permutex2var_ps(low, first, high);
+    lanes[1] = _mm512_permutex2var_ps(low, second, high);
   }
 };
 
