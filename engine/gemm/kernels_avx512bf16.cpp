@@ -94,6 +94,10 @@ constexpr interleave_index interleave(std::uint16_t first, std::uint16_t second)
 constexpr interleave_index halves = interleave(0, 16), first_columns = interleave(0, 32),
                            second_columns = interleave(16, 48);
 
+// The first `count` of 32 lanes (all of them from 32 on): column edges of a
+// panel and of a converted row.
+inline __mmask32 first_lanes(std::size_t count) { return count >= 32 ? ~__mmask32{0} : (__mmask32{1} << count) - 1; }
+
 // Columns [0, cols) of one B row as 32 fp32 (two halves), the rest zero.
 inline void load_row(const float* row, __mmask16 low, __mmask16 high, __m512& first, __m512& second) {
   first = _mm512_maskz_loadu_ps(low, row);
@@ -131,8 +135,8 @@ void paged_kernel(const bf16_paged_params& params) {
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < Rows; ++row) acc[row][0] = acc[row][1] = _mm512_setzero_ps();
   const std::size_t cols = params.cols;
-  const auto low = __mmask16(cols >= 16 ? 0xffffu : (1u << cols) - 1);
-  const auto high = __mmask16(cols >= 32 ? 0xffffu : cols > 16 ? (1u << (cols - 16)) - 1 : 0u);
+  const __mmask32 lanes = first_lanes(cols);
+  const auto low = __mmask16(lanes), high = __mmask16(lanes >> 16);
   auto step = [&](const __m512i pairs[2], const bf16_bits* a) {
 #pragma GCC unroll 16
     for (std::size_t row = 0; row < Rows; ++row) {
@@ -185,14 +189,12 @@ void avx512bf16_convert_rows(const float* from, std::size_t from_ld, std::size_t
   const std::size_t padded = cols + cols % 2;
   for (std::size_t row = 0; row < rows; ++row)
     for (std::size_t col = 0; col < padded; col += 32) {
-      const std::size_t left = cols - col, stored = std::min<std::size_t>(32, padded - col);
-      const auto low = __mmask16(left >= 16 ? 0xffffu : (1u << left) - 1);
-      const auto high = __mmask16(left >= 32 ? 0xffffu : left > 16 ? (1u << (left - 16)) - 1 : 0u);
+      const __mmask32 loaded = first_lanes(cols - col);
+      const auto low = __mmask16(loaded), high = __mmask16(loaded >> 16);
       const float* source = from + row * from_ld + col;
       const __m512bh converted =
           _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(high, source + 16), _mm512_maskz_loadu_ps(low, source));
-      const auto store = __mmask32(stored == 32 ? 0xffffffffu : (1u << stored) - 1);
-      _mm512_mask_storeu_epi16(to + row * to_ld + col, store, (__m512i)converted);
+      _mm512_mask_storeu_epi16(to + row * to_ld + col, first_lanes(padded - col), (__m512i)converted);
     }
 }
 
