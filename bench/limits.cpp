@@ -162,8 +162,8 @@ void dot_chains_avx512bf16(std::uint64_t loops) {
       "vzeroupper"
       : [loops] "+r"(loops)
       :
-      : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-        "xmm12", "xmm13");
+      : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+        "xmm13");
 }
 
 void tile_chains_amx(std::uint64_t loops) {
@@ -296,6 +296,11 @@ double limit_kernels::bf16_flops(engine::bf16_unit unit) {
 
 double limit_kernels::active_bf16_flops() { return bf16_flops(engine::active_bf16_unit()); }
 
+double limit_kernels::attention_bf16_flops() {
+  return engine::gemm_bf16_paged_runs(active_simd_path(), kv_dtype::bf16) ? bf16_flops(engine::bf16_unit::avx512bf16)
+                                                                          : fma_flops();
+}
+
 double limit_kernels::dram_bytes() {
   const float* buffer = dram_buffer();
   const std::size_t slice = dram_floats / std::size_t(threads_) / 32 * 32;
@@ -324,6 +329,11 @@ double dram_read_gbps(int threads) {
 double bf16_peak_gflops(int threads) {
   static std::map<int, double> measured;
   return cached_limit(measured, threads, &limit_kernels::active_bf16_flops);
+}
+
+double attention_bf16_peak_gflops(int threads) {
+  static std::map<int, double> measured;
+  return cached_limit(measured, threads, &limit_kernels::attention_bf16_flops);
 }
 
 }  // namespace kvhead::bench

@@ -9,11 +9,15 @@
 //              12 zmm vdpbf16ps chains (avx512bf16), 4 independent AMX
 //              accumulator tiles under tdpbf16ps (amx), or the FMA peak (the
 //              fp32 fallback runs the fp32 kernels);
+//   attention bf16 peak  the same for the unit of attention's bf16 products
+//              (gemm_bf16_paged: bf16 precision, bf16 KV caches): the
+//              avx512bf16 chains where those kernels run, else the FMA peak;
 //   DRAM read  a streaming read of a 1 GiB buffer on 2 MiB pages (the
 //              engine's aligned_buffer, as the KV pool), touched once first.
 // Both run on the threads of a tbb::task_arena, one slice of the work each.
 //
-// fma_peak_gflops(t), bf16_peak_gflops(t) and dram_read_gbps(t) are the limits the other benchmarks
+// fma_peak_gflops(t), bf16_peak_gflops(t), attention_bf16_peak_gflops(t) and
+// dram_read_gbps(t) are the limits the other benchmarks
 // report their pct_peak and pct_dram against: measured once per thread count,
 // on first use, over about 0.3 s (the best of the runs in that time: noise
 // only slows a run), then
@@ -35,6 +39,9 @@ class limit_kernels {
   /// One run of `unit`'s peak kernel (it must run here) on every thread: flops done.
   double bf16_flops(engine::bf16_unit unit);
   double active_bf16_flops();
+  /// One run of the peak kernel of attention's bf16 products (gemm_bf16_paged
+  /// where it runs, else the FMA chains): flops done.
+  double attention_bf16_flops();
   /// One pass over the DRAM buffer, split among the threads: bytes read.
   double dram_bytes();
 
@@ -45,6 +52,7 @@ class limit_kernels {
 
 double fma_peak_gflops(int threads);
 double bf16_peak_gflops(int threads);
+double attention_bf16_peak_gflops(int threads);
 double dram_read_gbps(int threads);
 
 }  // namespace kvhead::bench

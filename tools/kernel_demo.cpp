@@ -53,8 +53,8 @@ void print_configuration() {
   const kvhead::simd_path path = kvhead::active_simd_path();
   if (engine::gemm_bf16_paged_runs(path, kvhead::kv_dtype::f32))
     std::printf(
-        "bf16 attention (q k^T, p v): avx512bf16 paged kernels (vdpbf16ps over K/V as stored: f32, bf16, "
-        "f16; int8 caches on the fp32 kernels)\n");
+        "bf16 attention (q k^T, p v; bf16 precision, and bf16 KV caches in either precision): avx512bf16 paged "
+        "kernels (vdpbf16ps over K/V as stored: f32, bf16, f16; int8 caches on the fp32 kernels)\n");
   else
     std::printf("bf16 attention (q k^T, p v): fp32 kernels of %s on the rounded values (%s)\n", kvhead::to_string(path),
                 unit == engine::bf16_unit::fp32_fallback ? "no bf16 unit" : "the path's NR is not 32");

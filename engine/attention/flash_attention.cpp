@@ -25,13 +25,16 @@ namespace {
 
 std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
 
-// Whether bf16 precision's q kᵀ and p v run on the bf16 unit's products
-// (gemm_bf16_paged) rather than the fp32 kernels over the rounded values:
-// where the paged kernels run, for K/V stored as `element`. Decided by the
-// problem alone (precision, path, element type, head_dim), so every tile,
-// chunk and row of it, prefill or decode, takes the same one.
+// Whether q kᵀ and p v run on the bf16 unit's products (gemm_bf16_paged:
+// q and p rounded to bf16 as the kernel reads them, fp32 sums) rather than
+// the fp32 kernels: in bf16 precision, and over a bf16 KV cache in either
+// precision (its K and V are bf16 already, so the unit's products serve them
+// as they are), where the paged kernels run for K/V stored as `element`.
+// Decided by the problem alone (precision, path, element type, head_dim), so
+// every tile, chunk and row of it, prefill or decode, takes the same one.
 bool bf16_products(kvhead::precision precision, simd_path path, kv_dtype element, std::size_t head_dim) {
-  return precision == kvhead::precision::bf16 && head_dim <= gemm_kc && gemm_bf16_paged_runs(path, element);
+  return (precision == kvhead::precision::bf16 || element == kv_dtype::bf16) && head_dim <= gemm_kc &&
+         gemm_bf16_paged_runs(path, element);
 }
 
 // Whether one stored element is finite (int8 always is: a non-finite row of

@@ -23,7 +23,8 @@
 //                        that the GEMM spans get p = 0 and a finite v (the
 //                        row's own or zeros), which leave acc at +0 exactly
 //        (bf16 precision: p rounded to bf16 before p v, per element; where
-//        gemm_bf16_paged runs, q kᵀ and p v are its bf16 products, in pairs
+//        gemm_bf16_paged runs, in bf16 precision and over a bf16 KV cache
+//        in either precision, q kᵀ and p v are its bf16 products, in pairs
 //        of head_dim and of keys from even positions of the chunk — p v
 //        always starts at a segment's first key, V packed — so the order
 //        per element is again the same for any cut)
