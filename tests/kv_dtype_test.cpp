@@ -29,6 +29,7 @@
 #include "engine/cache/kv_cache_internals.hpp"
 #include "engine/gemm/gemm.hpp"
 #include "engine/gemm/gemm_bf16.hpp"
+#include "engine/gemm/gemm_int8.hpp"
 #include "kvhead/attention.hpp"
 #include "kvhead/config.hpp"
 #include "kvhead/kv_cache.hpp"
@@ -317,6 +318,53 @@ std::vector<float> attend(const cached_problem& problem, const filled& cache, st
   return out;
 }
 
+// The int8 paged kernels' quantizations (gemm_int8.hpp) for one query row
+// at `position` (keys [0, position] within the window), k and v the stored
+// values [length, G, d]: q to int16 by s_q = max|q| / 32767 moves each
+// score by at most scale s_q / 2 sum_e |k_je| (score); p'_j = r_j sv_j (r_j
+// = exp(s_j - its 256-key chunk's max), sv_j V's scale) to int16 by s_c =
+// max over the chunk's visible keys of p' / 32767 moves output element e by
+// at most sum_c sum_{j in c} (s_c / 2) |v_je| / sv_j / sum_j r_j, which in
+// normalized probabilities p_j is sum_c max_{j in c} (p_j sv_j) sum_{j in c}
+// |v_je| / sv_j / 65534 (output, times 1.01 for the engine's fp32 p).
+struct quantization_error {
+  double score;
+  std::vector<double> output;  // per element e
+};
+quantization_error int16_quantization_error(const float* q, const float* k, const float* v, std::size_t kv_heads,
+                                            std::size_t g, std::size_t d, std::size_t position, std::size_t window) {
+  const std::size_t begin = window == 0 || position < window ? 0 : position + 1 - window, end = position + 1;
+  const double scale = 1.0 / std::sqrt(double(float(d)));
+  double q_max = 0.0;
+  for (std::size_t e = 0; e < d; ++e) q_max = std::max(q_max, std::fabs(double(q[e])));
+  quantization_error error{0.0, std::vector<double>(d, 0.0)};
+  std::vector<double> p(end), value_scale(end);
+  double best = -INFINITY, total = 0.0;
+  for (std::size_t j = begin; j < end; ++j) {
+    double dot = 0.0, key_sum = 0.0, value_max = 0.0;
+    for (std::size_t e = 0; e < d; ++e) {
+      dot += double(q[e]) * double(k[(j * kv_heads + g) * d + e]);
+      key_sum += std::fabs(double(k[(j * kv_heads + g) * d + e]));
+      value_max = std::max(value_max, std::fabs(double(v[(j * kv_heads + g) * d + e])));
+    }
+    error.score = std::max(error.score, scale * q_max / 65534.0 * key_sum);
+    p[j] = scale * dot;
+    best = std::max(best, p[j]);
+    value_scale[j] = value_max / 127.0;
+  }
+  for (std::size_t j = begin; j < end; ++j) total += (p[j] = std::exp(p[j] - best));
+  for (std::size_t chunk = begin / engine::kv_chunk; chunk * engine::kv_chunk < end; ++chunk) {
+    const std::size_t first = std::max(begin, chunk * engine::kv_chunk);
+    const std::size_t last = std::min(end, (chunk + 1) * engine::kv_chunk);
+    double largest = 0.0;
+    for (std::size_t j = first; j < last; ++j) largest = std::max(largest, p[j] / total * value_scale[j]);
+    for (std::size_t j = first; j < last; ++j)
+      for (std::size_t e = 0; e < d && value_scale[j] > 0.0; ++e)
+        error.output[e] += 1.01 * largest * std::fabs(double(v[(j * kv_heads + g) * d + e])) / value_scale[j] / 65534.0;
+  }
+  return error;
+}
+
 TEST_CASE("kv dtype: attention over a bf16, f16 or int8 cache equals a double reference over the stored values") {
   struct shape {
     std::size_t heads, kv_heads, head_dim;
@@ -345,6 +393,9 @@ TEST_CASE("kv dtype: attention over a bf16, f16 or int8 cache equals a double re
           std::vector<float> rounded_q(problem.q);
           if (products)
             for (float& x : rounded_q) x = float(reference::bf16_nearest(double(x)));
+          // Over an int8 cache the int8 paged kernels (where they run)
+          // quantize q and p' = p * (V's scale) to int16 per row (gemm_int8.hpp).
+          const bool int8_products = dtype == kv_dtype::int8 && engine::gemm_int8_paged_runs(path, dtype);
           std::size_t failures = 0;
           for (std::size_t q_seq = 0; q_seq < s.lengths.size(); ++q_seq) {
             const std::size_t length = s.lengths[q_seq], d = s.head_dim;
@@ -363,7 +414,13 @@ TEST_CASE("kv dtype: attention over a bf16, f16 or int8 cache equals a double re
                 // attention_test's bound (fp32 GEMM, exp, sums and merges),
                 // plus the int8 scale products (score and probability: 2 u each).
                 const double score = ref.score_magnitude[index];
-                const double score_error = (2.0 * double(d) + 10.0) * unit_roundoff * (score + 2.0);
+                const float* query = q + i * row_floats + h * d;
+                const quantization_error int8_error =
+                    int8_products
+                        ? int16_quantization_error(query, k.data(), v.data(), s.kv_heads, h / (s.heads / s.kv_heads), d,
+                                                   length - s.new_rows + i, s.window)
+                        : quantization_error{0.0, std::vector<double>(d, 0.0)};
+                const double score_error = (2.0 * double(d) + 10.0) * unit_roundoff * (score + 2.0) + int8_error.score;
                 const double relative = 2.0 * score_error + 4.0 * unit_roundoff * score +
                                         (4.0 * double(length) + 8.0 * double(length / 256 + 1) + 20.0) * unit_roundoff;
                 const double f32_tolerance = ref.value_magnitude[index] * relative + 1e-30;
@@ -374,7 +431,7 @@ TEST_CASE("kv dtype: attention over a bf16, f16 or int8 cache equals a double re
                       products ? (1.0 + bf16_roundoff) * f32_tolerance +
                                      bf16_roundoff * (1.0 + relative) * ref.weighted_magnitude[index * d + e] +
                                      double(length) * bf16_subnormal_roundoff * ref.value_magnitude[index]
-                               : f32_tolerance;
+                               : f32_tolerance + int8_error.output[e];
                   failures += !(std::fabs(double(got[e]) - ref.out[index * d + e]) <= tolerance);
                 }
               }
@@ -545,7 +602,10 @@ TEST_CASE("kv dtype: layer output over a bf16, f16 or int8 cache against an f32 
   //                      + sum_{j,e} Wo_c,he^2 p_j^2 Var(dv_je) ],
   //   Var ds_j = scale^2 sum_e q_e^2 Var(dk_je).
   // Over a bf16 cache where the bf16 unit's products run, q and p are rounded
-  // too: dq_e moves every score of the row, ds_j = scale sum_e dq_e k_je, so
+  // too (over an int8 cache where the int8 kernels run, q and p' = r sv
+  // quantized to int16 per row: Var(dq_e) = (max|q| / 32767)^2 / 12 and
+  // Var(delta_j) = (the chunk's step of p' / p'_j)^2 / 12):
+  // dq_e moves every score of the row, ds_j = scale sum_e dq_e k_je, so
   //   Var dy_c += sum_h sum_e Var(dq_e) (scale sum_j p_j k_je (Wo_c,h (v_j - o_h)))^2,
   // and p v reads r_j (1 + delta_j), r_j = exp(s_j - the max of j's 256-key
   // chunk), the sum staying that of the unrounded r:
@@ -556,14 +616,19 @@ TEST_CASE("kv dtype: layer output over a bf16, f16 or int8 cache against an f32 
   const double ceilings[] = {0.0, 1e-2, 2e-3, 3e-2};  // the issue's, per dtype (f32 unused)
   for (const kv_dtype dtype : compressed) {
     CAPTURE(std::string(kvhead::to_string(dtype)));
-    const bool products = dtype == kv_dtype::bf16 && engine::gemm_bf16_paged_runs(kvhead::active_simd_path(), dtype);
+    const bool bf16_products =
+        dtype == kv_dtype::bf16 && engine::gemm_bf16_paged_runs(kvhead::active_simd_path(), dtype);
+    const bool int8_products =
+        dtype == kv_dtype::int8 && engine::gemm_int8_paged_runs(kvhead::active_simd_path(), dtype);
+    const bool products = bf16_products || int8_products;
     const std::vector<float> y = decode(dtype);
     double difference = 0.0;
     for (std::size_t i = 0; i < y.size(); ++i)
       difference = std::max(difference, std::fabs(double(y[i]) - double(y32[i])));
     double worst_bound = 0.0;
     std::vector<double> p(tokens), score_variance(tokens), value_variance(tokens * d), o(d), centered(tokens * d);
-    std::vector<double> probability_variance(tokens), chunk_max(tokens / engine::kv_chunk + 1);
+    std::vector<double> probability_variance(tokens), chunk_max(tokens / engine::kv_chunk + 1), value_scale(tokens);
+    std::vector<double> quantum(tokens / engine::kv_chunk + 1), query_variance(d);
     for (std::size_t step = 0; step < steps; ++step) {
       const std::size_t t = prefill + step;
       std::vector<double> variance(d_model, 0.0);
@@ -587,13 +652,28 @@ TEST_CASE("kv dtype: layer output over a bf16, f16 or int8 cache against an f32 
           p[j] = scale * dot;
           best = std::max(best, p[j]);
           score_variance[j] = scale * scale * moved;
+          value_scale[j] = value_max / 127.0;
         }
+        double query_max = 0.0;
+        for (std::size_t e = 0; e < d; ++e) query_max = std::max(query_max, std::fabs(query[e]));
+        for (std::size_t e = 0; e < d; ++e)
+          query_variance[e] = bf16_products   ? rounding_variance(kv_dtype::bf16, query[e], 0.0)
+                              : int8_products ? std::pow(query_max / 32767.0, 2) / 12.0
+                                              : 0.0;
         std::fill(chunk_max.begin(), chunk_max.end(), -INFINITY);
         for (std::size_t j = 0; j <= t; ++j)
           chunk_max[j / engine::kv_chunk] = std::max(chunk_max[j / engine::kv_chunk], p[j]);
+        std::fill(quantum.begin(), quantum.end(), 0.0);  // int8: each chunk's int16 step of p' = r sv
+        for (std::size_t j = 0; j <= t; ++j)
+          quantum[j / engine::kv_chunk] =
+              std::max(quantum[j / engine::kv_chunk],
+                       std::exp(p[j] - chunk_max[j / engine::kv_chunk]) * value_scale[j] / 32767.0);
         for (std::size_t j = 0; j <= t; ++j) {
-          const double r = std::exp(p[j] - chunk_max[j / engine::kv_chunk]);
-          probability_variance[j] = products ? rounding_variance(kv_dtype::bf16, r, 0.0) / (r * r) : 0.0;
+          const double r = std::exp(p[j] - chunk_max[j / engine::kv_chunk]), quantized = r * value_scale[j];
+          probability_variance[j] = bf16_products ? rounding_variance(kv_dtype::bf16, r, 0.0) / (r * r)
+                                    : int8_products && quantized > 0.0
+                                        ? std::pow(quantum[j / engine::kv_chunk] / quantized, 2) / 12.0
+                                        : 0.0;
         }
         double total = 0.0;
         for (std::size_t j = 0; j <= t; ++j) total += (p[j] = std::exp(p[j] - best));
@@ -623,8 +703,7 @@ TEST_CASE("kv dtype: layer output over a bf16, f16 or int8 cache against an f32 
                 through_query[e] += scale * p[j] * k[(j * kv_heads + g) * d + e] * through_scores;
           }
           if (products)
-            for (std::size_t e = 0; e < d; ++e)
-              sum += rounding_variance(kv_dtype::bf16, query[e], 0.0) * through_query[e] * through_query[e];
+            for (std::size_t e = 0; e < d; ++e) sum += query_variance[e] * through_query[e] * through_query[e];
           variance[c] += sum;
         }
       }

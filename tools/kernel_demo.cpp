@@ -11,10 +11,12 @@
 #include <tbb/info.h>
 #include <tbb/task_arena.h>
 
+#include "engine/arch/bf16_support.hpp"
 #include "engine/arch/cpu_info.hpp"
 #include "engine/arch/kernel_config.hpp"
 #include "engine/gemm/gemm.hpp"
 #include "engine/gemm/gemm_bf16.hpp"
+#include "engine/gemm/gemm_int8.hpp"
 #include "kvhead/config.hpp"
 #include "tools/cli_args.hpp"
 
@@ -54,10 +56,22 @@ void print_configuration() {
   if (engine::gemm_bf16_paged_runs(path, kvhead::kv_dtype::f32))
     std::printf(
         "bf16 attention (q k^T, p v; bf16 precision, and bf16 KV caches in either precision): avx512bf16 paged "
-        "kernels (vdpbf16ps over K/V as stored: f32, bf16, f16; int8 caches on the fp32 kernels)\n");
+        "kernels (vdpbf16ps over K/V as stored: f32, bf16, f16; int8 caches: the line below)\n");
   else
     std::printf("bf16 attention (q k^T, p v): fp32 kernels of %s on the rounded values (%s)\n", kvhead::to_string(path),
                 unit == engine::bf16_unit::fp32_fallback ? "no bf16 unit" : "the path's NR is not 32");
+  // Attention over int8 KV caches (engine/gemm/gemm_int8.hpp).
+  if (engine::gemm_int8_paged_runs(path, kvhead::kv_dtype::int8))
+    std::printf(
+        "int8 KV cache attention (q k^T, p v): avx512vnni paged kernels (vpdpwssd: q and p quantized to int16 per "
+        "row, exact int32 sums)\n");
+  else
+    std::printf("int8 KV cache attention (q k^T, p v): fp32 kernels of %s over the widened int8 (%s)\n",
+                kvhead::to_string(path),
+                !engine::host_bf16_hardware().avx512vnni_missing.empty()
+                    ? engine::host_bf16_hardware().avx512vnni_missing.c_str()
+                : unit == engine::bf16_unit::fp32_fallback ? "KVHEAD_ISA leaves no hardware bf16 unit"
+                                                           : "the path's NR is not 32");
 }
 
 // Median seconds of 7 runs of `run` in `arena`.

@@ -15,6 +15,7 @@
 #include "engine/arch/kernel_config.hpp"
 #include "engine/arch/scratch.hpp"
 #include "engine/gemm/gemm_bf16.hpp"
+#include "engine/gemm/gemm_int8.hpp"
 #include "engine/gemm/pack.hpp"
 #include "engine/gemm/stored_element.hpp"
 #include "engine/scheduler/split_schedule.hpp"
@@ -35,6 +36,29 @@ std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + d
 bool bf16_products(kvhead::precision precision, simd_path path, kv_dtype element, std::size_t head_dim) {
   return (precision == kvhead::precision::bf16 || element == kv_dtype::bf16) && head_dim <= gemm_kc &&
          gemm_bf16_paged_runs(path, element);
+}
+
+// Whether q kᵀ and p v run on the int8 paged kernels (gemm_int8_paged: q and
+// p quantized to int16 per row, exact integer sums) rather than the fp32
+// kernels over the widened int8: over an int8 KV cache where they run.
+// Decided by the problem alone, as bf16_products.
+bool int8_products(simd_path path, kv_dtype element, std::size_t head_dim) {
+  return element == kv_dtype::int8 && head_dim <= gemm_kc && gemm_int8_paged_runs(path, element);
+}
+
+// The attention products C = alpha * A * B over a paged B: on the bf16 unit,
+// the int8 kernels or the fp32 kernels, as `kind` says.
+enum class product_kind { fp32, bf16, int8 };
+void paged_product(product_kind kind, gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c,
+                   std::size_t ldc) {
+  switch (kind) {
+    case product_kind::bf16:
+      return gemm_bf16_paged(shape, alpha, a, b, c, ldc);
+    case product_kind::int8:
+      return gemm_int8_paged(shape, alpha, a, b, c, ldc);
+    case product_kind::fp32:
+      return gemm(shape, alpha, a, b, 0.0f, c, ldc);
+  }
 }
 
 // Whether one stored element is finite (int8 always is: a non-finite row of
@@ -255,13 +279,14 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   }
   const packed_b_view& first_keys = views[first_segment].keys;
   const bool products = bf16_products(tile.precision, tile.path, first_keys.element, head_dim);
+  const product_kind kind = products                                                 ? product_kind::bf16
+                            : int8_products(tile.path, first_keys.element, head_dim) ? product_kind::int8
+                                                                                     : product_kind::fp32;
   const paged_b_view keys_view{key_pages + first_segment, first_keys.n,      false, head_dim, width - first_key,
                                first_keys.path,           first_keys.element};
   const gemm_operand queries{scratch.q_rows.data(), head_dim, transpose::no};
-  if (products)
-    gemm_bf16_paged({rows, width - first_key, head_dim}, tile.scale, queries, keys_view, scores + first_key, kv_chunk);
-  else
-    gemm({rows, width - first_key, head_dim}, tile.scale, queries, keys_view, 0.0f, scores + first_key, kv_chunk);
+  paged_product(kind, {rows, width - first_key, head_dim}, tile.scale, queries, keys_view, scores + first_key,
+                kv_chunk);
   for (std::size_t s = first_segment; s < segments && views[s].key_scales != nullptr; ++s) {
     const std::size_t first = s * segment_keys, keys = std::min(segment_keys, width - first);
     for (std::size_t row = 0; row < rows; ++row)
@@ -332,10 +357,8 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
       pages[0] = page_with_leading_zeros(views[start].values, keys.begin - from, copy);
     const paged_b_view values{
         pages, first_values.k, true, keys.end - from, head_dim, first_values.path, first_values.element};
-    if (products)  // from is a segment's first key: pairs of keys at even positions of the chunk
-      gemm_bf16_paged(shape, 1.0f, probabilities, values, target, head_dim);
-    else
-      gemm(shape, 1.0f, probabilities, values, 0.0f, target, head_dim);
+    // bf16: from is a segment's first key, so pairs of keys start at even positions of the chunk.
+    paged_product(kind, shape, 1.0f, probabilities, values, target, head_dim);
   };
   auto values_finite = [&] {
     if (in_place) return all_finite(views[first_segment].values_in_place, width, head_dim);

@@ -35,7 +35,8 @@ extern "C" void escape_from_fault(int) { siglongjmp(self_test_escape, 1); }
 // thread (one buffer, kept until exit). A frame of plain data only, so that
 // nothing here lives across the jump.
 [[gnu::noinline]] bool runs_without_fault(void (*run)(void*), void* context) {
-  struct sigaction guard {}, old_ill {}, old_segv {};
+  struct sigaction guard {
+  }, old_ill{}, old_segv{};
   guard.sa_handler = escape_from_fault;
   sigemptyset(&guard.sa_mask);
   sigaction(SIGILL, &guard, &old_ill);
@@ -122,8 +123,8 @@ struct bf16_choice {
 bf16_choice choose() {
   const bf16_isa_request request = bf16_request_from_isa_variable();
   if (request.limit == bf16_isa_limit::fp32_fallback)
-    return {bf16_unit::fp32_fallback, std::string("KVHEAD_ISA=") + std::getenv("KVHEAD_ISA") +
-                                          " limits bf16 to the fp32 fallback"};
+    return {bf16_unit::fp32_fallback,
+            std::string("KVHEAD_ISA=") + std::getenv("KVHEAD_ISA") + " limits bf16 to the fp32 fallback"};
   std::string reason;
   for (bf16_unit unit : {bf16_unit::amx, bf16_unit::avx512bf16}) {
     if (unit == bf16_unit::amx && request.limit != bf16_isa_limit::amx) {

@@ -16,14 +16,11 @@
 #include "engine/arch/scratch.hpp"
 #include "engine/gemm/bf16_microkernel.hpp"
 #include "engine/gemm/driver_support.hpp"
+#include "engine/gemm/paged_panels.hpp"
 
 namespace kvhead::engine {
-namespace {
 
-// Along k, pages hold an even number of rows (or one page holds all k <= KC).
-constexpr std::size_t max_pages_along_k = gemm_kc / 2;
-
-}  // namespace
+static_assert(paged_panel_columns == bf16_nr);
 
 bool gemm_bf16_paged_runs(simd_path path, kv_dtype element) {
   return active_bf16_unit() != bf16_unit::fp32_fallback && bf16_unit_runs_here(bf16_unit::avx512bf16) &&
@@ -33,50 +30,23 @@ bool gemm_bf16_paged_runs(simd_path path, kv_dtype element) {
 void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, float alpha, gemm_operand a,
                           const paged_b_view& b, float* c, std::size_t ldc) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k;
-  validate_operand("A", a, m, k);
-  validate_c(c, ldc, m, n);
-  const gemm_config config = gemm_config_for(b.path);
-  engine::require(
-      a.trans == transpose::no && k <= b.k && n <= b.n && config.nr == bf16_nr && config.kc == gemm_kc &&
-          (b.along_k ? k <= gemm_kc && (b.page % 2 == 0 || k <= b.page) : b.k <= gemm_kc) &&
-          kernels.by_element[static_cast<std::size_t>(b.element)] != nullptr,
-      [&] {
-        return "gemm_bf16_paged: needs A not transposed, k x n (" + std::to_string(k) + " x " + std::to_string(n) +
-               ") within B (" + std::to_string(b.k) + " x " + std::to_string(b.n) +
-               "), a path with NR 32, k at most KC, pages along k of an even number of rows and f32, bf16 or f16 B";
-      });
+  check_paged_product("gemm_bf16_paged", shape, a, b, c, ldc,
+                      kernels.by_element[static_cast<std::size_t>(b.element)] != nullptr, "f32, bf16 or f16");
   if (m == 0 || n == 0) return;
   const std::size_t a_ld = round_up(std::max<std::size_t>(k, 1), 2);
   scratch_lease a_storage(ceil_div(m * a_ld, 2));
   auto* const a_rows = reinterpret_cast<bf16_bits*>(a_storage.data());
   kernels.convert_rows(a.data, a.ld, m, k, a_rows, a_ld);
   const bf16_paged_function* const by_rows = kernels.by_element[static_cast<std::size_t>(b.element)];
-  const std::size_t bytes = element_bytes(b.element), mr = kernels.mr;
-  // One 32-column panel: its row 0 in each page along k, or in its column page.
-  const void* rows_of_panel[max_pages_along_k];
-  auto run_panel = [&](std::size_t col, std::size_t cols, std::size_t page_rows) {
-    for (std::size_t row0 = 0; row0 < m; row0 += mr) {
-      const std::size_t rows = std::min(mr, m - row0);
-      by_rows[rows - 1](
-          {a_rows + row0 * a_ld, a_ld, rows_of_panel, page_rows, k, bf16_nr, cols, alpha, c + row0 * ldc + col, ldc});
-    }
-  };
-  auto panel_in = [&](const void* page, std::size_t page_k, std::size_t page_n, std::size_t col) {
-    return static_cast<const std::byte*>(page) + pack_b_offset(config, page_k, page_n, 0, col) * bytes;
-  };
-  if (b.along_k) {
-    const std::size_t pages = ceil_div(k, b.page);  // <= max_pages_along_k, checked above
-    for (std::size_t col = 0; col < n; col += bf16_nr) {
-      for (std::size_t page = 0; page < pages; ++page) rows_of_panel[page] = panel_in(b.pages[page], b.page, b.n, col);
-      run_panel(col, std::min(bf16_nr, n - col), b.page);
-    }
-    return;
-  }
-  for (std::size_t page = 0, page_col = 0; page_col < n; ++page, page_col += b.page)
-    for (std::size_t col = 0; col < std::min(b.page, n - page_col); col += bf16_nr) {
-      rows_of_panel[0] = panel_in(b.pages[page], b.k, b.page, col);
-      run_panel(page_col + col, std::min({bf16_nr, b.page - col, n - page_col - col}), std::max<std::size_t>(k, 1));
-    }
+  const std::size_t mr = kernels.mr;
+  for_each_paged_panel(b, k, n,
+                       [&](const void* const* rows_of_panel, std::size_t page_rows, std::size_t col, std::size_t cols) {
+                         for (std::size_t row0 = 0; row0 < m; row0 += mr) {
+                           const std::size_t rows = std::min(mr, m - row0);
+                           by_rows[rows - 1]({a_rows + row0 * a_ld, a_ld, rows_of_panel, page_rows, k, bf16_nr, cols,
+                                              alpha, c + row0 * ldc + col, ldc});
+                         }
+                       });
 }
 
 void gemm_bf16_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc) {

@@ -1,0 +1,122 @@
+// Integer products over an int8 paged B (gemm_int8_paged, gemm_int8.hpp):
+// the driver of the int8 paged kernels and their scalar emulation.
+//
+//   A's rows to int16 rows and scales (once per call) -> for each 32-column
+//   panel of B (for_each_paged_panel) -> for each MR-row block of A ->
+//   kernel over the panel's rows in all pages
+//
+// One B panel (at most KC rows of 32 bytes) is read by every row block in
+// turn while it is in L1; A's int16 rows stay in L1/L2.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "engine/arch/bf16_support.hpp"
+#include "engine/arch/scratch.hpp"
+#include "engine/gemm/gemm_bf16.hpp"
+#include "engine/gemm/gemm_int8.hpp"
+#include "engine/gemm/paged_panels.hpp"
+
+namespace kvhead::engine {
+namespace {
+
+// The emulation's blocking: 12 rows (the sums are exact, so any blocking
+// gives the hardware kernels' bits).
+constexpr std::size_t int8_mr = 12;
+
+// x rounded to the nearest integer, ties to even (x finite, |x| < 2^23).
+float nearest_even(float x) {
+  const float below = std::floor(x), fraction = x - below;
+  const bool odd = std::fmod(below, 2.0f) != 0.0f;
+  return fraction > 0.5f || (fraction == 0.5f && odd) ? below + 1.0f : below;
+}
+
+void emulated_quantize_rows(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols,
+                            std::int16_t* to, std::size_t to_ld, float* scales) {
+  for (std::size_t row = 0; row < rows; ++row) {
+    const float* x = from + row * from_ld;
+    std::int16_t* q = to + row * to_ld;
+    float largest = 0.0f;
+    bool finite = true;
+    for (std::size_t col = 0; col < cols; ++col) {
+      finite = finite && std::isfinite(x[col]);
+      largest = std::max(largest, std::fabs(x[col]));
+    }
+    const float scale = finite ? largest / float(int16_quantum) : std::numeric_limits<float>::quiet_NaN();
+    for (std::size_t col = 0; col < cols; ++col)
+      q[col] = scale > 0.0f ? std::int16_t(nearest_even(x[col] / scale)) : std::int16_t{0};  // NaN > 0 is false
+    if (cols % 2 != 0) q[cols] = 0;
+    scales[row] = scale;
+  }
+}
+
+template <std::size_t Rows>
+void emulated_paged(const int8_paged_params& params) {
+  for (std::size_t row = 0; row < Rows; ++row)
+    for (std::size_t col = 0; col < params.cols; ++col) {
+      std::int32_t sum = 0;
+      for (std::size_t k = 0; k < params.depth; ++k) {
+        const auto* page = static_cast<const std::int8_t*>(params.b_pages[k / params.page_rows]);
+        sum += std::int32_t{params.a[row * params.a_row_stride + k]} *
+               std::int32_t{page[k % params.page_rows * params.b_row_stride + col]};
+      }
+      params.c[row * params.ldc + col] = params.alpha * params.a_scales[row] * float(sum);
+    }
+}
+
+template <std::size_t... Index>
+constexpr std::array<int8_paged_function, sizeof...(Index)> paged_table(std::index_sequence<Index...>) {
+  return {&emulated_paged<Index + 1>...};
+}
+
+constexpr auto emulated_kernels = paged_table(std::make_index_sequence<int8_mr>{});
+
+}  // namespace
+
+const int8_paged_kernels& emulated_int8_paged_kernels() {
+  static const int8_paged_kernels table{int8_mr, emulated_kernels.data(), emulated_quantize_rows};
+  return table;
+}
+
+bool gemm_int8_paged_runs(simd_path path, kv_dtype element) {
+  return active_bf16_unit() != bf16_unit::fp32_fallback && host_bf16_hardware().avx512vnni_missing.empty() &&
+         gemm_config_for(path).nr == paged_panel_columns && element == kv_dtype::int8;
+}
+
+void gemm_int8_paged_with(const int8_paged_kernels& kernels, gemm_shape shape, float alpha, gemm_operand a,
+                          const paged_b_view& b, float* c, std::size_t ldc) {
+  const std::size_t m = shape.m, n = shape.n, k = shape.k;
+  check_paged_product("gemm_int8_paged", shape, a, b, c, ldc, b.element == kv_dtype::int8, "int8");
+  if (m == 0 || n == 0) return;
+  const std::size_t a_ld = round_up(std::max<std::size_t>(k, 1), 2);
+  scratch_lease a_storage(ceil_div(m * a_ld, 2) + m);
+  auto* const a_rows = reinterpret_cast<std::int16_t*>(a_storage.data() + m);
+  float* const a_scales = a_storage.data();
+  kernels.quantize_rows(a.data, a.ld, m, k, a_rows, a_ld, a_scales);
+  const std::size_t mr = kernels.mr;
+  for_each_paged_panel(
+      b, k, n, [&](const void* const* rows_of_panel, std::size_t page_rows, std::size_t col, std::size_t cols) {
+        for (std::size_t row0 = 0; row0 < m; row0 += mr) {
+          const std::size_t rows = std::min(mr, m - row0);
+          kernels.by_rows[rows - 1]({a_rows + row0 * a_ld, a_ld, a_scales + row0, rows_of_panel, page_rows, k,
+                                     paged_panel_columns, cols, alpha, c + row0 * ldc + col, ldc});
+        }
+      });
+}
+
+void gemm_int8_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc) {
+  engine::require(gemm_int8_paged_runs(b.path, b.element), [&] {
+    return std::string("gemm_int8_paged: needs AVX512-VNNI (") +
+           (host_bf16_hardware().avx512vnni_missing.empty() ? "present" : host_bf16_hardware().avx512vnni_missing) +
+           "), a hardware bf16 unit allowed by KVHEAD_ISA (in use: " + to_string(active_bf16_unit()) +
+           "), NR 32 (the path's: " + std::to_string(gemm_config_for(b.path).nr) + ") and int8 B";
+  });
+  gemm_int8_paged_with(avx512vnni_int8_paged_kernels(), shape, alpha, a, b, c, ldc);
+}
+
+}  // namespace kvhead::engine

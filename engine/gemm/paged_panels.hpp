@@ -1,0 +1,76 @@
+// The walk over a paged B's 32-column panels that the paged-product drivers
+// share (gemm_bf16_paged.cpp, gemm_int8_paged.cpp): which rows of which pages
+// make up each panel, in the order the panels are computed.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+
+#include "engine/arch/kernel_config.hpp"
+#include "engine/arch/require.hpp"
+#include "engine/gemm/driver_support.hpp"
+#include "engine/gemm/gemm.hpp"
+#include "engine/gemm/pack.hpp"
+#include "engine/gemm/stored_element.hpp"
+
+namespace kvhead::engine {
+
+/// The width of a paged-product panel: two zmm of 16 lanes.
+inline constexpr std::size_t paged_panel_columns = 32;
+
+/// Along k, pages hold an even number of rows (or one page holds all k <= KC).
+inline constexpr std::size_t max_pages_along_k = gemm_kc / 2;
+
+/// The checks of a paged product `name` (C m x n = A m x k times B): A
+/// valid and not transposed, C valid, k x n within B, a path with NR 32, k
+/// at most KC, pages along k of an even number of rows, and `element_ok`
+/// (B's element type is one the kernels take, as `elements` says). Throws
+/// std::invalid_argument naming the problem.
+inline void check_paged_product(const char* name, gemm_shape shape, gemm_operand a, const paged_b_view& b,
+                                const float* c, std::size_t ldc, bool element_ok, const char* elements) {
+  const std::size_t m = shape.m, n = shape.n, k = shape.k;
+  validate_operand("A", a, m, k);
+  validate_c(c, ldc, m, n);
+  const gemm_config config = gemm_config_for(b.path);
+  engine::require(
+      a.trans == transpose::no && k <= b.k && n <= b.n && config.nr == paged_panel_columns && config.kc == gemm_kc &&
+          (b.along_k ? k <= gemm_kc && (b.page % 2 == 0 || k <= b.page) : b.k <= gemm_kc) && element_ok,
+      [&] {
+        return std::string(name) + ": needs A not transposed, k x n (" + std::to_string(k) + " x " + std::to_string(n) +
+               ") within B (" + std::to_string(b.k) + " x " + std::to_string(b.n) +
+               "), a path with NR 32, k at most KC, pages along k of an even number of rows and " + elements + " B";
+      });
+}
+
+/// For each 32-column panel of the first k rows and n columns of `b`, in
+/// column order: panel(rows_of_panel, page_rows, col, cols) with the panel's
+/// row 0 in each page along k (or in its column page: one page of k rows),
+/// its first column and its width (at most 32, within its column page).
+/// b's layout is the packed_b one of its path (NR = 32).
+template <class Panel>
+void for_each_paged_panel(const paged_b_view& b, std::size_t k, std::size_t n, Panel&& panel) {
+  const gemm_config config = gemm_config_for(b.path);
+  const std::size_t bytes = element_bytes(b.element);
+  auto panel_in = [&](const void* page, std::size_t page_k, std::size_t page_n, std::size_t col) {
+    return static_cast<const void*>(static_cast<const std::byte*>(page) +
+                                    pack_b_offset(config, page_k, page_n, 0, col) * bytes);
+  };
+  const void* rows_of_panel[max_pages_along_k];
+  if (b.along_k) {
+    const std::size_t pages = (k + b.page - 1) / b.page;  // <= max_pages_along_k: the drivers check
+    for (std::size_t col = 0; col < n; col += paged_panel_columns) {
+      for (std::size_t page = 0; page < pages; ++page) rows_of_panel[page] = panel_in(b.pages[page], b.page, b.n, col);
+      panel(static_cast<const void* const*>(rows_of_panel), b.page, col, std::min(paged_panel_columns, n - col));
+    }
+    return;
+  }
+  for (std::size_t page = 0, page_col = 0; page_col < n; ++page, page_col += b.page)
+    for (std::size_t col = 0; col < std::min(b.page, n - page_col); col += paged_panel_columns) {
+      rows_of_panel[0] = panel_in(b.pages[page], b.k, b.page, col);
+      panel(static_cast<const void* const*>(rows_of_panel), std::max<std::size_t>(k, 1), page_col + col,
+            std::min({paged_panel_columns, b.page - col, n - page_col - col}));
+    }
+}
+
+}  // namespace kvhead::engine

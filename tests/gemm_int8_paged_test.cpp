@@ -1,0 +1,234 @@
+// Integer products over an int8 paged B (gemm_int8_paged, engine/gemm/gemm_int8.hpp):
+// the driver and layouts through the scalar emulation on any CPU, the
+// AVX512-VNNI kernels where they run (else visibly skipped), against a
+// reference of the stated quantization and bit for bit against each other.
+#include <doctest/doctest.h>
+
+#include <cfenv>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/gemm/gemm_int8.hpp"
+#include "kvhead/config.hpp"
+
+namespace {
+
+using kvhead::kv_dtype;
+using kvhead::simd_path;
+using namespace kvhead::engine;
+
+constexpr simd_path layout_path = simd_path::avx512;  // the layout the kernels read (NR 32)
+constexpr double unit_roundoff = std::numeric_limits<float>::epsilon() / 2;
+
+// B (k x n int8, row-major) cut into pages of the packed layout, each page a
+// buffer of its own whose unused bytes are 0x7f, so a read outside B changes
+// the sums.
+struct paged_matrix {
+  std::vector<std::vector<std::int8_t>> storage;
+  std::vector<const void*> pages;
+  paged_b_view view;
+};
+
+paged_matrix page_b(const std::vector<std::int8_t>& b, std::size_t k, std::size_t n, std::size_t page, bool along_k) {
+  const gemm_config config = gemm_config_for(layout_path);
+  const std::size_t page_k = along_k ? page : k, page_n = along_k ? n : page;
+  const std::size_t count = along_k ? (k + page - 1) / page : (n + page - 1) / page;
+  paged_matrix paged;
+  for (std::size_t p = 0; p < count; ++p) {
+    std::vector<std::int8_t> bytes(packed_b_floats(config, page_k, page_n), 0x7f);
+    for (std::size_t row = 0; row < page_k; ++row)
+      for (std::size_t col = 0; col < page_n; ++col) {
+        const std::size_t global_row = along_k ? p * page + row : row, global_col = along_k ? col : p * page + col;
+        if (global_row < k && global_col < n)
+          bytes[pack_b_offset(config, page_k, page_n, row, col)] = b[global_row * n + global_col];
+      }
+    paged.storage.push_back(std::move(bytes));
+  }
+  for (const auto& bytes : paged.storage) paged.pages.push_back(bytes.data());
+  paged.view = {paged.pages.data(), page, along_k, k, n, layout_path, kv_dtype::int8};
+  return paged;
+}
+
+struct kernel_case {
+  const int8_paged_kernels* kernels;
+  const char* name;
+};
+std::vector<kernel_case> kernels_to_test() {
+  std::vector<kernel_case> cases{{&emulated_int8_paged_kernels(), "emulated"}};
+  if (gemm_int8_paged_runs(layout_path, kv_dtype::int8))
+    cases.push_back({&avx512vnni_int8_paged_kernels(), "avx512vnni"});
+  else
+    MESSAGE("gemm_int8_paged on AVX512-VNNI skipped: the kernels do not run on this CPU (emulation tested)");
+  return cases;
+}
+
+// The stated quantization of one row, computed here on its own: scale =
+// max|a| / 32767 in fp32, q = a / scale in fp32 rounded to nearest even
+// (the default rounding mode), and the exact dot products with B in int64.
+struct reference_row {
+  float scale;
+  std::vector<std::int64_t> sums;  // per column
+};
+reference_row quantized_reference(const float* a, std::size_t k, const std::vector<std::int8_t>& b, std::size_t n) {
+  float largest = 0.0f;
+  bool finite = true;
+  for (std::size_t i = 0; i < k; ++i) {
+    finite = finite && std::isfinite(a[i]);
+    if (std::fabs(a[i]) > largest) largest = std::fabs(a[i]);
+  }
+  reference_row row{finite ? largest / 32767.0f : std::numeric_limits<float>::quiet_NaN(),
+                    std::vector<std::int64_t>(n, 0)};
+  REQUIRE(std::fegetround() == FE_TONEAREST);
+  for (std::size_t i = 0; i < k && row.scale > 0.0f; ++i) {
+    const auto q = std::int64_t(std::nearbyint(a[i] / row.scale));
+    for (std::size_t j = 0; j < n; ++j) row.sums[j] += q * b[i * n + j];
+  }
+  return row;
+}
+
+struct paged_case {
+  std::size_t m, n, k, page;
+  bool along_k;
+  float alpha;
+};
+
+std::vector<float> run(const int8_paged_kernels& kernels, const paged_case& test, const std::vector<float>& a,
+                       std::size_t lda, const paged_matrix& paged, std::size_t ldc, std::size_t rows) {
+  std::vector<float> c(rows * ldc, std::numeric_limits<float>::quiet_NaN());
+  gemm_int8_paged_with(kernels, {rows, test.n, test.k}, test.alpha, {a.data(), lda, transpose::no}, paged.view,
+                       c.data(), ldc);
+  return c;
+}
+
+// One case through every kernel set: C = (alpha s) float(sum) within 2 u of
+// the exact value (the sum's rounding to fp32, two products), within the
+// quantization's own bound of alpha A B (|a - s q| <= s / 2 per element),
+// padding never written, the kernel sets bit-identical, a row alone its
+// row's bits. Row 0 is zero, row 1 (when m > 2) holds a NaN.
+void check_case(const paged_case& test, std::mt19937& generator) {
+  CAPTURE(test.m);
+  CAPTURE(test.n);
+  CAPTURE(test.k);
+  CAPTURE(test.page);
+  CAPTURE(test.along_k);
+  const std::size_t lda = test.k + 3, ldc = test.n + 2;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(-127, 127);
+  std::vector<float> a(test.m * lda);
+  for (float& x : a) x = normal(generator);
+  for (std::size_t i = 0; i < test.k; ++i) a[i] = 0.0f;
+  const bool poisoned = test.m > 2;
+  if (poisoned) a[lda + test.k / 2] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::int8_t> b(test.k * test.n);
+  for (std::int8_t& x : b) x = std::int8_t(byte(generator));
+  const paged_matrix paged = page_b(b, test.k, test.n, test.page, test.along_k);
+  std::vector<float> first;
+  for (const kernel_case& kernels : kernels_to_test()) {
+    CAPTURE(kernels.name);
+    const std::vector<float> c = run(*kernels.kernels, test, a, lda, paged, ldc, test.m);
+    std::size_t failures = 0, padding_written = 0, nan_wrong = 0;
+    for (std::size_t i = 0; i < test.m; ++i) {
+      const reference_row reference = quantized_reference(&a[i * lda], test.k, b, test.n);
+      for (std::size_t j = 0; j < ldc; ++j) {
+        const float value = c[i * ldc + j];
+        if (j >= test.n) {
+          padding_written += !std::isnan(value);
+          continue;
+        }
+        if (poisoned && i == 1) {
+          nan_wrong += !std::isnan(value);
+          continue;
+        }
+        const double exact = double(test.alpha) * double(reference.scale) * double(reference.sums[j]);
+        double product = 0.0, magnitude = 0.0;  // alpha A B, and sum |b| for the quantization bound
+        for (std::size_t l = 0; l < test.k; ++l) {
+          product += double(a[i * lda + l]) * double(b[l * test.n + j]);
+          magnitude += std::fabs(double(b[l * test.n + j]));
+        }
+        product *= double(test.alpha);
+        const double quantization = std::fabs(double(test.alpha)) * double(reference.scale) / 2.0 * magnitude;
+        failures += !(std::fabs(double(value) - exact) <= 2.0 * unit_roundoff * std::fabs(exact));
+        failures += !(std::fabs(double(value) - product) <= 1.01 * quantization + 1e-30);
+      }
+    }
+    CHECK(failures == 0);
+    CHECK(padding_written == 0);
+    CHECK(nan_wrong == 0);
+    if (first.empty())
+      first = c;
+    else
+      CHECK(std::memcmp(first.data(), c.data(), c.size() * sizeof(float)) == 0);  // hardware = emulation
+    const std::size_t row = test.m - 1;
+    std::vector<float> alone_a(a.begin() + std::ptrdiff_t(row * lda), a.begin() + std::ptrdiff_t((row + 1) * lda));
+    const std::vector<float> alone = run(*kernels.kernels, test, alone_a, lda, paged, ldc, 1);
+    CHECK(std::memcmp(alone.data(), c.data() + row * ldc, ldc * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE(
+    "gemm_int8_paged: against the stated quantization over awkward shapes and pages, emulated and on avx512vnni") {
+  std::mt19937 generator(2027);
+  for (const paged_case& test : {paged_case{1, 1, 1, 16, false, 1.0f}, paged_case{4, 256, 128, 16, false, 0.125f},
+                                 paged_case{5, 37, 129, 64, false, 0.5f}, paged_case{13, 70, 7, 256, false, 1.0f},
+                                 paged_case{4, 128, 256, 16, true, 1.0f}, paged_case{25, 41, 131, 32, true, 1.0f},
+                                 paged_case{3, 128, 255, 256, true, 1.0f}, paged_case{32, 96, 256, 64, true, 1.0f}})
+    check_case(test, generator);
+}
+
+TEST_CASE("gemm_int8_paged: the same bits however B is cut into pages") {
+  std::mt19937 generator(91);
+  const std::size_t m = 7, n = 96, k = 256;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(-127, 127);
+  std::vector<float> a(m * k);
+  for (float& x : a) x = normal(generator);
+  std::vector<std::int8_t> b(k * n);
+  for (std::int8_t& x : b) x = std::int8_t(byte(generator));
+  for (const kernel_case& kernels : kernels_to_test())
+    for (const bool along_k : {false, true}) {
+      CAPTURE(kernels.name);
+      CAPTURE(along_k);
+      std::vector<float> first;
+      for (const std::size_t page : {std::size_t{256}, std::size_t{64}, std::size_t{16}}) {
+        const paged_matrix matrix = page_b(b, k, n, page, along_k);
+        const std::vector<float> c = run(*kernels.kernels, {m, n, k, page, along_k, 1.0f}, a, k, matrix, n, m);
+        if (first.empty())
+          first = c;
+        else
+          CHECK(std::memcmp(first.data(), c.data(), c.size() * sizeof(float)) == 0);
+      }
+    }
+}
+
+TEST_CASE("gemm_int8_paged: bad arguments named, never a wrong answer") {
+  std::vector<std::int8_t> b(16 * 4, 1);
+  const paged_matrix fine = page_b(b, 16, 4, 16, true);
+  std::vector<float> a(2 * 16, 1.0f), c(2 * 4);
+  const int8_paged_kernels& kernels = emulated_int8_paged_kernels();
+  paged_b_view f32_b = fine.view;
+  f32_b.element = kv_dtype::f32;
+  CHECK_THROWS_WITH_AS(
+      gemm_int8_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, f32_b, c.data(), 4),
+      doctest::Contains("int8 B"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      gemm_int8_paged_with(kernels, {2, 5, 16}, 1.0f, {a.data(), 16, transpose::no}, fine.view, c.data(), 5),
+      doctest::Contains("within B"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      gemm_int8_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::yes}, fine.view, c.data(), 4),
+      doctest::Contains("not transposed"), std::invalid_argument);
+  paged_b_view odd_pages = fine.view;
+  odd_pages.page = 7;
+  CHECK_THROWS_WITH_AS(
+      gemm_int8_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, odd_pages, c.data(), 4),
+      doctest::Contains("even number of rows"), std::invalid_argument);
+  if (!gemm_int8_paged_runs(layout_path, kv_dtype::int8))
+    CHECK_THROWS_WITH_AS(gemm_int8_paged({2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, fine.view, c.data(), 4),
+                         doctest::Contains("AVX512-VNNI"), std::invalid_argument);
+}
+
+}  // namespace
