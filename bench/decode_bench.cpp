@@ -16,8 +16,8 @@
 //       place).
 // Counters: gbps = K/V bytes read per call (stored elements, plus int8's
 // scales), gflops = 4 H d (past + 1), and pct_dram, except S4 (each K/V byte
-// serves 32 query heads): pct_peak, of the FMA peak, over a bf16 cache of the
-// peak of attention's bf16 products (bench/limits.hpp).
+// serves 32 query heads): pct_peak, of the FMA peak, over a bf16 or int8
+// cache of the peak of its products' unit (bench/limits.hpp).
 #include <string>
 #include <utility>
 
@@ -58,10 +58,12 @@ void s1_decode_gqa(benchmark::State& state, kvhead::kv_dtype dtype) {
   run_cached_decode(state, with_dtype(kvhead::bench::s1_decode_gqa(), dtype), bound_by::dram_read, int(state.range(0)));
 }
 
-// Each K/V byte serves 32 query heads: compute-bound, over a bf16 cache by
-// the unit of attention's bf16 products.
+// Each K/V byte serves 32 query heads: compute-bound, over a bf16 or int8
+// cache by the unit of its products.
 void s4_decode_mqa(benchmark::State& state, kvhead::kv_dtype dtype) {
-  const bound_by limit = dtype == kvhead::kv_dtype::bf16 ? bound_by::attention_bf16_peak : bound_by::fma_peak;
+  const bound_by limit = dtype == kvhead::kv_dtype::bf16   ? bound_by::attention_bf16_peak
+                         : dtype == kvhead::kv_dtype::int8 ? bound_by::attention_int8_peak
+                                                           : bound_by::fma_peak;
   run_cached_decode(state, with_dtype(kvhead::bench::s4_decode_mqa(), dtype), limit, int(state.range(0)));
 }
 

@@ -14,6 +14,7 @@
 
 #include "engine/arch/aligned_buffer.hpp"
 #include "engine/gemm/gemm_bf16.hpp"
+#include "engine/gemm/gemm_int8.hpp"
 #include "kvhead/config.hpp"
 
 namespace kvhead::bench {
@@ -127,44 +128,42 @@ void fma_chains_sse2(std::uint64_t loops) {
 // 16 lanes x 2 products x 2 flops. tdpbf16ps: 4 independent accumulator
 // tiles (tmm0-3) from zeroed A and B tiles (tmm4-7), each 16 x 16 x 32 x 2
 // flops; the tile configuration is this thread's for the run (loaded, then
-// released).
-void dot_chains_avx512bf16(std::uint64_t loops) {
-  asm volatile(
-      "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
-      "vmovaps %%zmm0, %%zmm1\n\t"
-      "vmovaps %%zmm0, %%zmm2\n\t"
-      "vmovaps %%zmm0, %%zmm3\n\t"
-      "vmovaps %%zmm0, %%zmm4\n\t"
-      "vmovaps %%zmm0, %%zmm5\n\t"
-      "vmovaps %%zmm0, %%zmm6\n\t"
-      "vmovaps %%zmm0, %%zmm7\n\t"
-      "vmovaps %%zmm0, %%zmm8\n\t"
-      "vmovaps %%zmm0, %%zmm9\n\t"
-      "vmovaps %%zmm0, %%zmm10\n\t"
-      "vmovaps %%zmm0, %%zmm11\n\t"
-      "vmovaps %%zmm0, %%zmm12\n\t"
-      "vmovaps %%zmm0, %%zmm13\n\t"
-      "1:\n\t"
-      "vdpbf16ps %%zmm13, %%zmm12, %%zmm0\n\t"
-      "vdpbf16ps %%zmm13, %%zmm12, %%zmm1\n\t"
-      "vdpbf16ps %%zmm13, %%zmm12, %%zmm2\n\t"
-      "vdpbf16ps %%zmm13, %%zmm12, %%zmm3\n\t"
-      "vdpbf16ps %%zmm13, %%zmm12, %%zmm4\n\t"
-      "vdpbf16ps %%zmm13, %%zmm12, %%zmm5\n\t"
-      "vdpbf16ps %%zmm13, %%zmm12, %%zmm6\n\t"
-      "vdpbf16ps %%zmm13, %%zmm12, %%zmm7\n\t"
-      "vdpbf16ps %%zmm13, %%zmm12, %%zmm8\n\t"
-      "vdpbf16ps %%zmm13, %%zmm12, %%zmm9\n\t"
-      "vdpbf16ps %%zmm13, %%zmm12, %%zmm10\n\t"
-      "vdpbf16ps %%zmm13, %%zmm12, %%zmm11\n\t"
-      "dec %[loops]\n\t"
-      "jnz 1b\n\t"
-      "vzeroupper"
-      : [loops] "+r"(loops)
-      :
-      : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
-        "xmm13");
-}
+// released). vpdpwssd (the int8 attention kernels, gemm_int8.hpp): 12 zmm
+// chains of 16 lanes x 2 int16 products x 2 operations.
+#define KVHEAD_DOT_CHAINS(instruction)                                                                             \
+  asm volatile(                                                                                                    \
+      "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"                                                                          \
+      "vmovaps %%zmm0, %%zmm1\n\t"                                                                                 \
+      "vmovaps %%zmm0, %%zmm2\n\t"                                                                                 \
+      "vmovaps %%zmm0, %%zmm3\n\t"                                                                                 \
+      "vmovaps %%zmm0, %%zmm4\n\t"                                                                                 \
+      "vmovaps %%zmm0, %%zmm5\n\t"                                                                                 \
+      "vmovaps %%zmm0, %%zmm6\n\t"                                                                                 \
+      "vmovaps %%zmm0, %%zmm7\n\t"                                                                                 \
+      "vmovaps %%zmm0, %%zmm8\n\t"                                                                                 \
+      "vmovaps %%zmm0, %%zmm9\n\t"                                                                                 \
+      "vmovaps %%zmm0, %%zmm10\n\t"                                                                                \
+      "vmovaps %%zmm0, %%zmm11\n\t"                                                                                \
+      "vmovaps %%zmm0, %%zmm12\n\t"                                                                                \
+      "vmovaps %%zmm0, %%zmm13\n\t"                                                                                \
+      "1:\n\t" instruction " %%zmm13, %%zmm12, %%zmm0\n\t" instruction " %%zmm13, %%zmm12, %%zmm1\n\t" instruction \
+      " %%zmm13, %%zmm12, %%zmm2\n\t" instruction " %%zmm13, %%zmm12, %%zmm3\n\t" instruction                      \
+      " %%zmm13, %%zmm12, %%zmm4\n\t" instruction " %%zmm13, %%zmm12, %%zmm5\n\t" instruction                      \
+      " %%zmm13, %%zmm12, %%zmm6\n\t" instruction " %%zmm13, %%zmm12, %%zmm7\n\t" instruction                      \
+      " %%zmm13, %%zmm12, %%zmm8\n\t" instruction " %%zmm13, %%zmm12, %%zmm9\n\t" instruction                      \
+      " %%zmm13, %%zmm12, %%zmm10\n\t" instruction                                                                 \
+      " %%zmm13, %%zmm12, %%zmm11\n\t"                                                                             \
+      "dec %[loops]\n\t"                                                                                           \
+      "jnz 1b\n\t"                                                                                                 \
+      "vzeroupper"                                                                                                 \
+      : [loops] "+r"(loops)                                                                                        \
+      :                                                                                                            \
+      : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",    \
+        "xmm12", "xmm13")
+
+void dot_chains_avx512bf16(std::uint64_t loops) { KVHEAD_DOT_CHAINS("vdpbf16ps"); }
+void dot_chains_avx512vnni(std::uint64_t loops) { KVHEAD_DOT_CHAINS("vpdpwssd"); }
+#undef KVHEAD_DOT_CHAINS
 
 void tile_chains_amx(std::uint64_t loops) {
   // ldtilecfg's operand: palette 1, 8 tiles of 16 rows x 64 bytes.
@@ -296,6 +295,19 @@ double limit_kernels::bf16_flops(engine::bf16_unit unit) {
 
 double limit_kernels::active_bf16_flops() { return bf16_flops(engine::active_bf16_unit()); }
 
+double limit_kernels::int8_dot_flops() {
+  const fma_kernel kernel{dot_chains_avx512vnni, 12 * 16 * 2 * 2};
+  arena_.execute([&] {
+    tbb::parallel_for(
+        0, threads_, [&](int) { kernel.chains(fma_loops); }, tbb::static_partitioner{});
+  });
+  return kernel.flops_per_loop * double(fma_loops) * threads_;
+}
+
+double limit_kernels::attention_int8_flops() {
+  return engine::gemm_int8_paged_runs(active_simd_path(), kv_dtype::int8) ? int8_dot_flops() : fma_flops();
+}
+
 double limit_kernels::attention_bf16_flops() {
   return engine::gemm_bf16_paged_runs(active_simd_path(), kv_dtype::bf16) ? bf16_flops(engine::bf16_unit::avx512bf16)
                                                                           : fma_flops();
@@ -329,6 +341,11 @@ double dram_read_gbps(int threads) {
 double bf16_peak_gflops(int threads) {
   static std::map<int, double> measured;
   return cached_limit(measured, threads, &limit_kernels::active_bf16_flops);
+}
+
+double attention_int8_peak_gflops(int threads) {
+  static std::map<int, double> measured;
+  return cached_limit(measured, threads, &limit_kernels::attention_int8_flops);
 }
 
 double attention_bf16_peak_gflops(int threads) {

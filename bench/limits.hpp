@@ -12,12 +12,15 @@
 //   attention bf16 peak  the same for the unit of attention's bf16 products
 //              (gemm_bf16_paged: bf16 precision, bf16 KV caches): the
 //              avx512bf16 chains where those kernels run, else the FMA peak;
+//   attention int8 peak  the same for the int8 KV cache's products
+//              (gemm_int8_paged): 12 zmm vpdpwssd chains where those kernels
+//              run, else the FMA peak;
 //   DRAM read  a streaming read of a 1 GiB buffer on 2 MiB pages (the
 //              engine's aligned_buffer, as the KV pool), touched once first.
 // Both run on the threads of a tbb::task_arena, one slice of the work each.
 //
-// fma_peak_gflops(t), bf16_peak_gflops(t), attention_bf16_peak_gflops(t) and
-// dram_read_gbps(t) are the limits the other benchmarks
+// fma_peak_gflops(t), bf16_peak_gflops(t), attention_bf16_peak_gflops(t),
+// attention_int8_peak_gflops(t) and dram_read_gbps(t) are the limits the other benchmarks
 // report their pct_peak and pct_dram against: measured once per thread count,
 // on first use, over about 0.3 s (the best of the runs in that time: noise
 // only slows a run), then
@@ -42,6 +45,11 @@ class limit_kernels {
   /// One run of the peak kernel of attention's bf16 products (gemm_bf16_paged
   /// where it runs, else the FMA chains): flops done.
   double attention_bf16_flops();
+  /// One run of 12 vpdpwssd chains (AVX512-VNNI: it must run here): operations done.
+  double int8_dot_flops();
+  /// One run of the peak kernel of the int8 cache's products (gemm_int8_paged
+  /// where it runs, else the FMA chains): operations done.
+  double attention_int8_flops();
   /// One pass over the DRAM buffer, split among the threads: bytes read.
   double dram_bytes();
 
@@ -53,6 +61,7 @@ class limit_kernels {
 double fma_peak_gflops(int threads);
 double bf16_peak_gflops(int threads);
 double attention_bf16_peak_gflops(int threads);
+double attention_int8_peak_gflops(int threads);
 double dram_read_gbps(int threads);
 
 }  // namespace kvhead::bench

@@ -5,10 +5,14 @@
 //                                peak kernels (limits.hpp); counter gflops;
 //                                skipped with the reason where the unit does
 //                                not run;
+//   limit_avx512vnni/threads:<t>  12 vpdpwssd chains (the int8 KV cache's
+//                                products); counter gflops (int16 operations);
+//                                skipped where those kernels do not run;
 //   limit_dram_read/threads:<t>  one streaming pass over 1 GiB split among t
 //                                threads; counter gbps.
 #include "bench/bench_util.hpp"
 #include "bench/limits.hpp"
+#include "engine/gemm/gemm_int8.hpp"
 
 namespace {
 
@@ -35,6 +39,19 @@ void limit_bf16_unit(benchmark::State& state, kvhead::engine::bf16_unit unit) {
 void limit_avx512bf16(benchmark::State& state) { limit_bf16_unit(state, kvhead::engine::bf16_unit::avx512bf16); }
 void limit_amx_bf16(benchmark::State& state) { limit_bf16_unit(state, kvhead::engine::bf16_unit::amx); }
 
+void limit_avx512vnni(benchmark::State& state) {
+  if (!kvhead::engine::gemm_int8_paged_runs(kvhead::active_simd_path(), kvhead::kv_dtype::int8)) {
+    state.SkipWithError("skipped: the int8 paged kernels (AVX512-VNNI) do not run here (kvhead kernels says why)");
+    for (auto _ : state) {
+    }
+    return;
+  }
+  kvhead::bench::limit_kernels kernels(int(state.range(0)));
+  double operations = 0.0;
+  for (auto _ : state) operations = kernels.int8_dot_flops();
+  state.counters["gflops"] = kvhead::bench::rate(operations * 1e-9);
+}
+
 void limit_dram_read(benchmark::State& state) {
   kvhead::bench::limit_kernels kernels(int(state.range(0)));
   double bytes = 0.0;
@@ -47,4 +64,5 @@ void limit_dram_read(benchmark::State& state) {
 BENCHMARK(limit_fma_peak)->Name("limit_fma_peak")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(limit_avx512bf16)->Name("limit_avx512bf16")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(limit_amx_bf16)->Name("limit_amx_bf16")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(limit_avx512vnni)->Name("limit_avx512vnni")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(limit_dram_read)->Name("limit_dram_read")->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime();
