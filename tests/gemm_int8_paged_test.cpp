@@ -63,7 +63,9 @@ std::vector<kernel_case> kernels_to_test() {
   if (gemm_int8_paged_runs(layout_path, kv_dtype::int8))
     cases.push_back({&avx512vnni_int8_paged_kernels(), "avx512vnni"});
   else
-    MESSAGE("gemm_int8_paged on AVX512-VNNI skipped: the kernels do not run on this CPU (emulation tested)");
+    MESSAGE(
+        "gemm_int8_paged on AVX512-VNNI skipped: the kernels do not run here, `kvhead kernels` says why (emulation "
+        "tested)");
   return cases;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -70,8 +71,8 @@ void print_configuration() {
                 kvhead::to_string(path),
                 !engine::host_bf16_hardware().avx512vnni_missing.empty()
                     ? engine::host_bf16_hardware().avx512vnni_missing.c_str()
-                : unit == engine::bf16_unit::fp32_fallback ? "KVHEAD_ISA leaves no hardware bf16 unit"
-                                                           : "the path's NR is not 32");
+                : std::getenv("KVHEAD_ISA") != nullptr ? "KVHEAD_ISA names an fp32 path"
+                                                       : "the path's NR is not 32");
 }
 
 // Median seconds of 7 runs of `run` in `arena`.

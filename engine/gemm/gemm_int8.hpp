@@ -79,9 +79,9 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, gemm_shape shape, f
                           const paged_b_view& b, float* c, std::size_t ldc);
 
 /// Whether gemm_int8_paged runs here over B packed for `path` with elements
-/// `element`: CPUID reports AVX512-VNNI, KVHEAD_ISA leaves a hardware bf16
-/// unit in use (its levels amx and avx512bf16 sit above avx512; every CPU
-/// with AVX512-BF16 has AVX512-VNNI), the path's NR is 32 and element is int8.
+/// `element`: CPUID reports AVX512-VNNI, KVHEAD_ISA does not name avx512 or
+/// a lower path (its levels amx and avx512bf16 sit above avx512), the path's
+/// NR is 32 and element is int8.
 bool gemm_int8_paged_runs(simd_path path, kv_dtype element);
 
 }  // namespace kvhead::engine

@@ -18,7 +18,6 @@
 
 #include "engine/arch/bf16_support.hpp"
 #include "engine/arch/scratch.hpp"
-#include "engine/gemm/gemm_bf16.hpp"
 #include "engine/gemm/gemm_int8.hpp"
 #include "engine/gemm/paged_panels.hpp"
 
@@ -76,6 +75,13 @@ constexpr std::array<int8_paged_function, sizeof...(Index)> paged_table(std::ind
 
 constexpr auto emulated_kernels = paged_table(std::make_index_sequence<int8_mr>{});
 
+// KVHEAD_ISA's levels amx and avx512bf16 sit above avx512: naming avx512 or
+// a lower path leaves these kernels out too (read once, as the path is).
+bool isa_allows_int8_kernels() {
+  static const bool allowed = bf16_request_from_isa_variable().limit != bf16_isa_limit::fp32_fallback;
+  return allowed;
+}
+
 }  // namespace
 
 const int8_paged_kernels& emulated_int8_paged_kernels() {
@@ -84,7 +90,7 @@ const int8_paged_kernels& emulated_int8_paged_kernels() {
 }
 
 bool gemm_int8_paged_runs(simd_path path, kv_dtype element) {
-  return active_bf16_unit() != bf16_unit::fp32_fallback && host_bf16_hardware().avx512vnni_missing.empty() &&
+  return isa_allows_int8_kernels() && host_bf16_hardware().avx512vnni_missing.empty() &&
          gemm_config_for(path).nr == paged_panel_columns && element == kv_dtype::int8;
 }
 
@@ -113,8 +119,8 @@ void gemm_int8_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_
   engine::require(gemm_int8_paged_runs(b.path, b.element), [&] {
     return std::string("gemm_int8_paged: needs AVX512-VNNI (") +
            (host_bf16_hardware().avx512vnni_missing.empty() ? "present" : host_bf16_hardware().avx512vnni_missing) +
-           "), a hardware bf16 unit allowed by KVHEAD_ISA (in use: " + to_string(active_bf16_unit()) +
-           "), NR 32 (the path's: " + std::to_string(gemm_config_for(b.path).nr) + ") and int8 B";
+           "), KVHEAD_ISA not naming avx512 or a lower path, NR 32 (the path's: " +
+           std::to_string(gemm_config_for(b.path).nr) + ") and int8 B";
   });
   gemm_int8_paged_with(avx512vnni_int8_paged_kernels(), shape, alpha, a, b, c, ldc);
 }

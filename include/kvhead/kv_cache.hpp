@@ -21,7 +21,7 @@
 // per cached byte, which decode's speed depends on; it adds a rounding of q
 // and of p of the same size as the rounding of K and V (the accuracy below is
 // measured with it). Over an int8 cache, on CPUs with AVX512-VNNI (Zen 4,
-// Intel from Cascade Lake, where KVHEAD_ISA allows a hardware bf16 unit),
+// Intel from Cascade Lake; not when KVHEAD_ISA names avx512 or lower),
 // q kᵀ and p v run on vpdpwssd: each row of q, and of the probabilities
 // times V's scales, is quantized to int16 by its own scale (max |x| /
 // 32767, nearest even: at most 2^-16 of the row's largest element off), and
