@@ -24,8 +24,8 @@
 namespace kvhead::engine {
 namespace {
 
-// The emulation's blocking: 12 rows (the sums are exact, so any blocking
-// gives the hardware kernels' bits).
+// The emulation's blocking: 12 rows, as the hardware kernels' (the sums are
+// exact, so any blocking gives the same bits).
 constexpr std::size_t int8_mr = 12;
 
 // x rounded to the nearest integer, ties to even (x finite, |x| < 2^23).

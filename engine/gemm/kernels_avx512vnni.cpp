@@ -3,10 +3,12 @@
 //
 // Blocking: Rows x 32 int32 accumulators (2 zmm per row) for the whole
 // depth, one B panel of 32 columns, as the bf16 paged kernel. Each pair
-// step loads rows 2q and 2q + 1 of the panel (32 bytes each), sign-extends
-// them to int16 (vpmovsxbw) and interleaves them into vpdpwssd's pair layout
-// (one vpermt2w per 16 columns): 4 shuffles per 2 * Rows vpdpwssd, each 32
-// multiply-adds of int16 pairs into int32, exact.
+// step loads rows 2q and 2q + 1 of the panel (32 bytes each), interleaves
+// their bytes within 128-bit lanes (vpunpcklbw, vpunpckhbw on ymm) and
+// sign-extends the pairs to int16 (vpmovsxbw): 4 shuffles, two of them
+// 256-bit, per 2 * Rows vpdpwssd, each 32 multiply-adds of int16 pairs into
+// int32, exact. The lanes then hold columns in the order 0-7, 16-23 | 8-15,
+// 24-31; one 128-bit block shuffle per output vector restores C's order.
 #include <immintrin.h>
 
 #include <array>
@@ -22,39 +24,23 @@
 namespace kvhead::engine {
 namespace {
 
-// 7 rows: 14 accumulators, 4 pair and row vectors, a broadcast and 2 indices.
-// GCC 12 spills the accumulators of 8 rows and more to the stack (16 of 32
-// zmm: it keeps the rest for the vpermt2w and vpdpwssd operands), which
-// costs more than the extra pass over the L1-resident B panel.
-constexpr std::size_t vnni_mr = 7;
-
-// vpermt2w indices: lane 2j takes element `first + j` of the first source,
-// lane 2j + 1 element `first + j` of the second (numbered from 32).
-struct interleave_index {
-  alignas(64) std::uint16_t lane[32];
-};
-constexpr interleave_index interleave(std::uint16_t first) {
-  interleave_index index{};
-  for (std::uint16_t j = 0; j < 16; ++j) {
-    index.lane[2 * j] = std::uint16_t(first + j);
-    index.lane[2 * j + 1] = std::uint16_t(32 + first + j);
-  }
-  return index;
-}
-constexpr interleave_index first_columns = interleave(0), second_columns = interleave(16);
+// 12 rows: 24 accumulators, 2 pair vectors, 2 row halves and a broadcast,
+// 29 of 32 zmm (with vpermt2w's 2 index vectors as well, GCC 12 spilled the
+// accumulators of 8 rows and more to the stack).
+constexpr std::size_t vnni_mr = 12;
 
 // The first `count` of 32 lanes (all of them from 32 on).
 inline __mmask32 first_lanes(std::size_t count) { return count >= 32 ? ~__mmask32{0} : (__mmask32{1} << count) - 1; }
 
 // Rows `even` and `odd` (null: a zero row) of a B panel, columns [0, 32)
-// where `lanes` says, as the int16 pairs of columns 0-15 and 16-31.
+// where `lanes` says, as int16 pairs: in-lane byte interleaves (vpunpck*bw,
+// 256-bit) then sign extension, so pairs[0] holds columns 0-7 and 16-23 and
+// pairs[1] columns 8-15 and 24-31 (the kernel puts C back in order once).
 inline void load_pairs(const std::int8_t* even, const std::int8_t* odd, __mmask32 lanes, __m512i pairs[2]) {
-  const __m512i first = _mm512_load_si512(first_columns.lane), second = _mm512_load_si512(second_columns.lane);
-  const __m512i even_row = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(lanes, even));
-  const __m512i odd_row =
-      odd != nullptr ? _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(lanes, odd)) : _mm512_setzero_si512();
-  pairs[0] = _mm512_permutex2var_epi16(even_row, first, odd_row);
-  pairs[1] = _mm512_permutex2var_epi16(even_row, second, odd_row);
+  const __m256i even_row = _mm256_maskz_loadu_epi8(lanes, even);
+  const __m256i odd_row = odd != nullptr ? _mm256_maskz_loadu_epi8(lanes, odd) : _mm256_setzero_si256();
+  pairs[0] = _mm512_cvtepi8_epi16(_mm256_unpacklo_epi8(even_row, odd_row));
+  pairs[1] = _mm512_cvtepi8_epi16(_mm256_unpackhi_epi8(even_row, odd_row));
 }
 
 template <std::size_t Rows>
@@ -95,8 +81,11 @@ void int8_paged_kernel(const int8_paged_params& params) {
     const __m512 scale = _mm512_set1_ps(params.alpha * params.a_scales[row]);
     float* c = params.c + row * params.ldc;
     constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    _mm512_mask_storeu_ps(c, low, _mm512_mul_ps(scale, _mm512_cvt_roundepi32_ps(acc[row][0], nearest)));
-    _mm512_mask_storeu_ps(c + 16, high, _mm512_mul_ps(scale, _mm512_cvt_roundepi32_ps(acc[row][1], nearest)));
+    // Columns 0-15: the low halves of both accumulators; 16-31: the high halves.
+    const __m512i first = _mm512_shuffle_i64x2(acc[row][0], acc[row][1], 0x44);
+    const __m512i second = _mm512_shuffle_i64x2(acc[row][0], acc[row][1], 0xee);
+    _mm512_mask_storeu_ps(c, low, _mm512_mul_ps(scale, _mm512_cvt_roundepi32_ps(first, nearest)));
+    _mm512_mask_storeu_ps(c + 16, high, _mm512_mul_ps(scale, _mm512_cvt_roundepi32_ps(second, nearest)));
   }
 }
 
