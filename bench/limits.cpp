@@ -269,39 +269,34 @@ double cached_limit(std::map<int, double>& measured, int threads, double (limit_
   return entry->second;
 }
 
+// One run of `kernel`'s chains, `loops` trips, on each of `threads` threads
+// of `arena`: the operations done.
+double run_chains(tbb::task_arena& arena, int threads, const fma_kernel& kernel, std::uint64_t loops) {
+  arena.execute([&] {
+    tbb::parallel_for(
+        0, threads, [&](int) { kernel.chains(loops); }, tbb::static_partitioner{});
+  });
+  return kernel.flops_per_loop * double(loops) * threads;
+}
+
 }  // namespace
 
 limit_kernels::limit_kernels(int threads) : threads_(threads), arena_(threads) {}
 
 double limit_kernels::fma_flops() {
-  const fma_kernel kernel = fma_kernel_for(active_simd_path());
-  arena_.execute([&] {
-    tbb::parallel_for(
-        0, threads_, [&](int) { kernel.chains(fma_loops); }, tbb::static_partitioner{});
-  });
-  return kernel.flops_per_loop * double(fma_loops) * threads_;
+  return run_chains(arena_, threads_, fma_kernel_for(active_simd_path()), fma_loops);
 }
 
 double limit_kernels::bf16_flops(engine::bf16_unit unit) {
-  const fma_kernel kernel = bf16_kernel_for(unit);
   // AMX runs 16384 flops per instruction: fewer trips for a run of a few ms.
   const std::uint64_t loops = unit == engine::bf16_unit::amx ? fma_loops / 16 : fma_loops;
-  arena_.execute([&] {
-    tbb::parallel_for(
-        0, threads_, [&](int) { kernel.chains(loops); }, tbb::static_partitioner{});
-  });
-  return kernel.flops_per_loop * double(loops) * threads_;
+  return run_chains(arena_, threads_, bf16_kernel_for(unit), loops);
 }
 
 double limit_kernels::active_bf16_flops() { return bf16_flops(engine::active_bf16_unit()); }
 
 double limit_kernels::int8_dot_flops() {
-  const fma_kernel kernel{dot_chains_avx512vnni, 12 * 16 * 2 * 2};
-  arena_.execute([&] {
-    tbb::parallel_for(
-        0, threads_, [&](int) { kernel.chains(fma_loops); }, tbb::static_partitioner{});
-  });
-  return kernel.flops_per_loop * double(fma_loops) * threads_;
+  return run_chains(arena_, threads_, {dot_chains_avx512vnni, 12 * 16 * 2 * 2}, fma_loops);
 }
 
 double limit_kernels::attention_int8_flops() {

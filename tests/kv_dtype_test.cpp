@@ -629,6 +629,7 @@ TEST_CASE("kv dtype: layer output over a bf16, f16 or int8 cache against an f32 
     std::vector<double> p(tokens), score_variance(tokens), value_variance(tokens * d), o(d), centered(tokens * d);
     std::vector<double> probability_variance(tokens), chunk_max(tokens / engine::kv_chunk + 1), value_scale(tokens);
     std::vector<double> quantum(tokens / engine::kv_chunk + 1), query_variance(d);
+    std::vector<double> through_query(d);  // scale sum_j p_j k_je (Wo_c,h (v_j - o_h)), per e
     for (std::size_t step = 0; step < steps; ++step) {
       const std::size_t t = prefill + step;
       std::vector<double> variance(d_model, 0.0);
@@ -687,7 +688,7 @@ TEST_CASE("kv dtype: layer output over a bf16, f16 or int8 cache against an f32 
         for (std::size_t c = 0; c < d_model; ++c) {
           const float* w = &wo[c * heads * d + h * d];
           double sum = 0.0;
-          std::vector<double> through_query(d, 0.0);  // scale sum_j p_j k_je (Wo_c,h (v_j - o_h)), per e
+          std::fill(through_query.begin(), through_query.end(), 0.0);
           for (std::size_t j = 0; j <= t; ++j) {
             double through_scores = 0.0, through_values = 0.0, weighted_value = 0.0;
             for (std::size_t e = 0; e < d; ++e) {

@@ -26,29 +26,27 @@ namespace {
 
 std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
 
-// Whether q kᵀ and p v run on the bf16 unit's products (gemm_bf16_paged:
-// q and p rounded to bf16 as the kernel reads them, fp32 sums) rather than
-// the fp32 kernels: in bf16 precision, and over a bf16 KV cache in either
-// precision (its K and V are bf16 already, so the unit's products serve them
-// as they are), where the paged kernels run for K/V stored as `element`.
+// Which kernels run q kᵀ and p v, for K/V stored as `element`:
+//   bf16  the bf16 unit's products (gemm_bf16_paged: q and p rounded to bf16
+//         as the kernel reads them, fp32 sums), in bf16 precision and over a
+//         bf16 KV cache in either precision (its K and V are bf16 already),
+//         where the paged kernels run;
+//   int8  the int8 paged kernels (gemm_int8_paged: q and p quantized to
+//         int16 per row, exact integer sums), over an int8 KV cache where
+//         they run;
+//   fp32  the fp32 kernels over the (rounded or widened) values otherwise.
 // Decided by the problem alone (precision, path, element type, head_dim), so
 // every tile, chunk and row of it, prefill or decode, takes the same one.
-bool bf16_products(kvhead::precision precision, simd_path path, kv_dtype element, std::size_t head_dim) {
-  return (precision == kvhead::precision::bf16 || element == kv_dtype::bf16) && head_dim <= gemm_kc &&
-         gemm_bf16_paged_runs(path, element);
-}
-
-// Whether q kᵀ and p v run on the int8 paged kernels (gemm_int8_paged: q and
-// p quantized to int16 per row, exact integer sums) rather than the fp32
-// kernels over the widened int8: over an int8 KV cache where they run.
-// Decided by the problem alone, as bf16_products.
-bool int8_products(simd_path path, kv_dtype element, std::size_t head_dim) {
-  return element == kv_dtype::int8 && head_dim <= gemm_kc && gemm_int8_paged_runs(path, element);
-}
-
-// The attention products C = alpha * A * B over a paged B: on the bf16 unit,
-// the int8 kernels or the fp32 kernels, as `kind` says.
 enum class product_kind { fp32, bf16, int8 };
+product_kind attention_products(kvhead::precision precision, simd_path path, kv_dtype element, std::size_t head_dim) {
+  if (head_dim > gemm_kc) return product_kind::fp32;
+  if ((precision == kvhead::precision::bf16 || element == kv_dtype::bf16) && gemm_bf16_paged_runs(path, element))
+    return product_kind::bf16;
+  if (element == kv_dtype::int8 && gemm_int8_paged_runs(path, element)) return product_kind::int8;
+  return product_kind::fp32;
+}
+
+// The attention products C = alpha * A * B over a paged B, on the kernels `kind` names.
 void paged_product(product_kind kind, gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c,
                    std::size_t ldc) {
   switch (kind) {
@@ -278,10 +276,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     value_pages[s] = views[s].values.panels;
   }
   const packed_b_view& first_keys = views[first_segment].keys;
-  const bool products = bf16_products(tile.precision, tile.path, first_keys.element, head_dim);
-  const product_kind kind = products                                                 ? product_kind::bf16
-                            : int8_products(tile.path, first_keys.element, head_dim) ? product_kind::int8
-                                                                                     : product_kind::fp32;
+  const product_kind kind = attention_products(tile.precision, tile.path, first_keys.element, head_dim);
   const paged_b_view keys_view{key_pages + first_segment, first_keys.n,      false, head_dim, width - first_key,
                                first_keys.path,           first_keys.element};
   const gemm_operand queries{scratch.q_rows.data(), head_dim, transpose::no};
@@ -313,7 +308,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     online_softmax_block(p + keys.begin, keys.count(), state, tile.path);
     max[row] = state.max;
     sum[row] = state.sum;
-    if (tile.precision == precision::bf16 && !products)  // the bf16 products round p as they read it
+    if (tile.precision == precision::bf16 && kind != product_kind::bf16)  // the bf16 products round p as they read it
       for (std::size_t j = keys.begin; j < keys.end; ++j) p[j] = round_to_bf16(p[j]);
     if (views[first_segment].value_scales != nullptr)
       for (std::size_t s = keys.begin / segment_keys; s * segment_keys < keys.end; ++s) {
@@ -615,8 +610,8 @@ void flash_attention(const attention_problem& problem) {
   }
   // The bf16 products read V packed (gemm_bf16_paged), whose pairs of keys
   // then start at even positions of the chunk whatever a row sees.
-  const bool pack_values =
-      dims.q_len > positions || bf16_products(problem.precision, problem.path, kv_dtype::f32, dims.head_dim);
+  const bool pack_values = dims.q_len > positions || attention_products(problem.precision, problem.path, kv_dtype::f32,
+                                                                        dims.head_dim) == product_kind::bf16;
   const gemm_config config = gemm_config_for(problem.path);
   const std::size_t key_floats = packed_b_floats(config, dims.head_dim, kv_chunk);
   const std::size_t value_floats = pack_values ? packed_b_floats(config, kv_chunk, dims.head_dim) : 0;

@@ -12,7 +12,6 @@
 #include <immintrin.h>
 
 #include <array>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

@@ -58,7 +58,7 @@ void for_each_paged_panel(const paged_b_view& b, std::size_t k, std::size_t n, P
   };
   const void* rows_of_panel[max_pages_along_k];
   if (b.along_k) {
-    const std::size_t pages = (k + b.page - 1) / b.page;  // <= max_pages_along_k: the drivers check
+    const std::size_t pages = ceil_div(k, b.page);  // <= max_pages_along_k: the drivers check
     for (std::size_t col = 0; col < n; col += paged_panel_columns) {
       for (std::size_t page = 0; page < pages; ++page) rows_of_panel[page] = panel_in(b.pages[page], b.page, b.n, col);
       panel(static_cast<const void* const*>(rows_of_panel), b.page, col, std::min(paged_panel_columns, n - col));
