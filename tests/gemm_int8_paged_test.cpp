@@ -70,20 +70,26 @@ std::vector<kernel_case> kernels_to_test() {
 }
 
 // The stated quantization of one row, computed here on its own: scale =
-// max|a| / 32767 in fp32, q = a / scale in fp32 rounded to nearest even
-// (the default rounding mode), and the exact dot products with B in int64.
+// max|a| / quantum (32767 for int16 A, 127 for int8) in fp32, q = a / scale
+// in fp32 rounded to nearest even (the default rounding mode), and the exact
+// dot products with B in int64.
 struct reference_row {
   float scale;
   std::vector<std::int64_t> sums;  // per column
 };
-reference_row quantized_reference(const float* a, std::size_t k, const std::vector<std::int8_t>& b, std::size_t n) {
+float quantum(a_quantization quantization) { return quantization == a_quantization::int8 ? 127.0f : 32767.0f; }
+const char* name(a_quantization quantization) { return quantization == a_quantization::int8 ? "int8 A" : "int16 A"; }
+constexpr a_quantization both_quantizations[] = {a_quantization::int16, a_quantization::int8};
+
+reference_row quantized_reference(const float* a, std::size_t k, const std::vector<std::int8_t>& b, std::size_t n,
+                                  a_quantization quantization) {
   float largest = 0.0f;
   bool finite = true;
   for (std::size_t i = 0; i < k; ++i) {
     finite = finite && std::isfinite(a[i]);
     if (std::fabs(a[i]) > largest) largest = std::fabs(a[i]);
   }
-  reference_row row{finite ? largest / 32767.0f : std::numeric_limits<float>::quiet_NaN(),
+  reference_row row{finite ? largest / quantum(quantization) : std::numeric_limits<float>::quiet_NaN(),
                     std::vector<std::int64_t>(n, 0)};
   REQUIRE(std::fegetround() == FE_TONEAREST);
   for (std::size_t i = 0; i < k && row.scale > 0.0f; ++i) {
@@ -99,11 +105,12 @@ struct paged_case {
   float alpha;
 };
 
-std::vector<float> run(const int8_paged_kernels& kernels, const paged_case& test, const std::vector<float>& a,
-                       std::size_t lda, const paged_matrix& paged, std::size_t ldc, std::size_t rows) {
+std::vector<float> run(const int8_paged_kernels& kernels, a_quantization quantization, const paged_case& test,
+                       const std::vector<float>& a, std::size_t lda, const paged_matrix& paged, std::size_t ldc,
+                       std::size_t rows) {
   std::vector<float> c(rows * ldc, std::numeric_limits<float>::quiet_NaN());
-  gemm_int8_paged_with(kernels, {rows, test.n, test.k}, test.alpha, {a.data(), lda, transpose::no}, paged.view,
-                       c.data(), ldc);
+  gemm_int8_paged_with(kernels, quantization, {rows, test.n, test.k}, test.alpha, {a.data(), lda, transpose::no},
+                       paged.view, c.data(), ldc);
   return c;
 }
 
@@ -112,7 +119,8 @@ std::vector<float> run(const int8_paged_kernels& kernels, const paged_case& test
 // quantization's own bound of alpha A B (|a - s q| <= s / 2 per element),
 // padding never written, the kernel sets bit-identical, a row alone its
 // row's bits. Row 0 is zero, row 1 (when m > 2) holds a NaN.
-void check_case(const paged_case& test, std::mt19937& generator) {
+void check_case(const paged_case& test, a_quantization quantization, std::mt19937& generator) {
+  CAPTURE(name(quantization));
   CAPTURE(test.m);
   CAPTURE(test.n);
   CAPTURE(test.k);
@@ -132,10 +140,10 @@ void check_case(const paged_case& test, std::mt19937& generator) {
   std::vector<float> first;
   for (const kernel_case& kernels : kernels_to_test()) {
     CAPTURE(kernels.name);
-    const std::vector<float> c = run(*kernels.kernels, test, a, lda, paged, ldc, test.m);
+    const std::vector<float> c = run(*kernels.kernels, quantization, test, a, lda, paged, ldc, test.m);
     std::size_t failures = 0, padding_written = 0, nan_wrong = 0;
     for (std::size_t i = 0; i < test.m; ++i) {
-      const reference_row reference = quantized_reference(&a[i * lda], test.k, b, test.n);
+      const reference_row reference = quantized_reference(&a[i * lda], test.k, b, test.n, quantization);
       for (std::size_t j = 0; j < ldc; ++j) {
         const float value = c[i * ldc + j];
         if (j >= test.n) {
@@ -167,7 +175,7 @@ void check_case(const paged_case& test, std::mt19937& generator) {
       CHECK(std::memcmp(first.data(), c.data(), c.size() * sizeof(float)) == 0);  // hardware = emulation
     const std::size_t row = test.m - 1;
     std::vector<float> alone_a(a.begin() + std::ptrdiff_t(row * lda), a.begin() + std::ptrdiff_t((row + 1) * lda));
-    const std::vector<float> alone = run(*kernels.kernels, test, alone_a, lda, paged, ldc, 1);
+    const std::vector<float> alone = run(*kernels.kernels, quantization, test, alone_a, lda, paged, ldc, 1);
     CHECK(std::memcmp(alone.data(), c.data() + row * ldc, ldc * sizeof(float)) == 0);
   }
 }
@@ -178,8 +186,9 @@ TEST_CASE(
   for (const paged_case& test : {paged_case{1, 1, 1, 16, false, 1.0f}, paged_case{4, 256, 128, 16, false, 0.125f},
                                  paged_case{5, 37, 129, 64, false, 0.5f}, paged_case{13, 70, 7, 256, false, 1.0f},
                                  paged_case{4, 128, 256, 16, true, 1.0f}, paged_case{25, 41, 131, 32, true, 1.0f},
-                                 paged_case{3, 128, 255, 256, true, 1.0f}, paged_case{32, 96, 256, 64, true, 1.0f}})
-    check_case(test, generator);
+                                 paged_case{3, 128, 255, 256, true, 1.0f}, paged_case{32, 96, 256, 64, true, 1.0f},
+                                 paged_case{12, 33, 6, 16, false, 1.0f}, paged_case{2, 32, 250, 16, true, 1.0f}})
+    for (const a_quantization quantization : both_quantizations) check_case(test, quantization, generator);
 }
 
 TEST_CASE("gemm_int8_paged: the same bits however B is cut into pages") {
@@ -192,19 +201,22 @@ TEST_CASE("gemm_int8_paged: the same bits however B is cut into pages") {
   std::vector<std::int8_t> b(k * n);
   for (std::int8_t& x : b) x = std::int8_t(byte(generator));
   for (const kernel_case& kernels : kernels_to_test())
-    for (const bool along_k : {false, true}) {
-      CAPTURE(kernels.name);
-      CAPTURE(along_k);
-      std::vector<float> first;
-      for (const std::size_t page : {std::size_t{256}, std::size_t{64}, std::size_t{16}}) {
-        const paged_matrix matrix = page_b(b, k, n, page, along_k);
-        const std::vector<float> c = run(*kernels.kernels, {m, n, k, page, along_k, 1.0f}, a, k, matrix, n, m);
-        if (first.empty())
-          first = c;
-        else
-          CHECK(std::memcmp(first.data(), c.data(), c.size() * sizeof(float)) == 0);
+    for (const a_quantization quantization : both_quantizations)
+      for (const bool along_k : {false, true}) {
+        CAPTURE(kernels.name);
+        CAPTURE(name(quantization));
+        CAPTURE(along_k);
+        std::vector<float> first;
+        for (const std::size_t page : {std::size_t{256}, std::size_t{64}, std::size_t{16}}) {
+          const paged_matrix matrix = page_b(b, k, n, page, along_k);
+          const std::vector<float> c =
+              run(*kernels.kernels, quantization, {m, n, k, page, along_k, 1.0f}, a, k, matrix, n, m);
+          if (first.empty())
+            first = c;
+          else
+            CHECK(std::memcmp(first.data(), c.data(), c.size() * sizeof(float)) == 0);
+        }
       }
-    }
 }
 
 TEST_CASE("gemm_int8_paged: bad arguments named, never a wrong answer") {
@@ -214,23 +226,32 @@ TEST_CASE("gemm_int8_paged: bad arguments named, never a wrong answer") {
   const int8_paged_kernels& kernels = emulated_int8_paged_kernels();
   paged_b_view f32_b = fine.view;
   f32_b.element = kv_dtype::f32;
-  CHECK_THROWS_WITH_AS(
-      gemm_int8_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, f32_b, c.data(), 4),
-      doctest::Contains("int8 B"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(
-      gemm_int8_paged_with(kernels, {2, 5, 16}, 1.0f, {a.data(), 16, transpose::no}, fine.view, c.data(), 5),
-      doctest::Contains("within B"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(
-      gemm_int8_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::yes}, fine.view, c.data(), 4),
-      doctest::Contains("not transposed"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(gemm_int8_paged_with(kernels, a_quantization::int16, {2, 4, 16}, 1.0f,
+                                            {a.data(), 16, transpose::no}, f32_b, c.data(), 4),
+                       doctest::Contains("int8 B"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(gemm_int8_paged_with(kernels, a_quantization::int16, {2, 5, 16}, 1.0f,
+                                            {a.data(), 16, transpose::no}, fine.view, c.data(), 5),
+                       doctest::Contains("within B"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(gemm_int8_paged_with(kernels, a_quantization::int16, {2, 4, 16}, 1.0f,
+                                            {a.data(), 16, transpose::yes}, fine.view, c.data(), 4),
+                       doctest::Contains("not transposed"), std::invalid_argument);
   paged_b_view odd_pages = fine.view;
   odd_pages.page = 7;
-  CHECK_THROWS_WITH_AS(
-      gemm_int8_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, odd_pages, c.data(), 4),
-      doctest::Contains("even number of rows"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(gemm_int8_paged_with(kernels, a_quantization::int16, {2, 4, 16}, 1.0f,
+                                            {a.data(), 16, transpose::no}, odd_pages, c.data(), 4),
+                       doctest::Contains("even number of rows"), std::invalid_argument);
+  std::vector<float> deep_a(2 * 24, 1.0f);
+  std::vector<std::int8_t> deep_b(24 * 4, 1);
+  const paged_matrix six_rows = page_b(deep_b, 24, 4, 6, true);
+  CHECK_THROWS_WITH_AS(gemm_int8_paged_with(kernels, a_quantization::int8, {2, 4, 24}, 1.0f,
+                                            {deep_a.data(), 24, transpose::no}, six_rows.view, c.data(), 4),
+                       doctest::Contains("multiple of 4 rows"), std::invalid_argument);
+  CHECK_NOTHROW(gemm_int8_paged_with(kernels, a_quantization::int16, {2, 4, 24}, 1.0f,
+                                     {deep_a.data(), 24, transpose::no}, six_rows.view, c.data(), 4));
   if (!gemm_int8_paged_runs(layout_path, kv_dtype::int8))
-    CHECK_THROWS_WITH_AS(gemm_int8_paged({2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, fine.view, c.data(), 4),
-                         doctest::Contains("AVX512-VNNI"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        gemm_int8_paged(a_quantization::int8, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, fine.view, c.data(), 4),
+        doctest::Contains("AVX512-VNNI"), std::invalid_argument);
 }
 
 }  // namespace

@@ -64,13 +64,13 @@ void print_configuration() {
   // Attention over int8 KV caches (engine/gemm/gemm_int8.hpp).
   if (engine::gemm_int8_paged_runs(path, kvhead::kv_dtype::int8))
     std::printf(
-        "int8 KV cache attention (q k^T, p v): avx512vnni paged kernels (vpdpwssd: q and p quantized to int16 per "
-        "row, exact int32 sums)\n");
+        "int8 KV cache attention (q k^T, p v): avx512vnni paged kernels (vpdpbusd: q quantized to int8 per row; "
+        "vpdpwssd: p to int16 per row; exact int32 sums)\n");
   else
     std::printf("int8 KV cache attention (q k^T, p v): fp32 kernels of %s over the widened int8 (%s)\n",
                 kvhead::to_string(path),
-                !engine::host_bf16_hardware().avx512vnni_missing.empty()
-                    ? engine::host_bf16_hardware().avx512vnni_missing.c_str()
+                !engine::host_bf16_hardware().int8_kernels_missing.empty()
+                    ? engine::host_bf16_hardware().int8_kernels_missing.c_str()
                 : std::getenv("KVHEAD_ISA") != nullptr ? "KVHEAD_ISA names an fp32 path"
                                                        : "the path's NR is not 32");
 }

@@ -13,9 +13,9 @@ namespace kvhead::engine {
 struct bf16_hardware {
   std::string avx512bf16_missing;  // AVX512-BF16 (CPUID.(7,1):EAX[5]) on top of the avx512 path and AVX512VL
   std::string amx_missing;         // AMX-TILE, AMX-BF16 (CPUID.(7,0):EDX[24, 22]), XCR0[17, 18], the avx512 path
-  // AVX512-VNNI (CPUID.(7,0):ECX[11]) on top of the avx512 path: the int8
-  // paged kernels (engine/gemm/gemm_int8.hpp).
-  std::string avx512vnni_missing;
+  // AVX512-VNNI and AVX512-VBMI (CPUID.(7,0):ECX[11, 1]) on top of the
+  // avx512 path: the int8 paged kernels (engine/gemm/gemm_int8.hpp).
+  std::string int8_kernels_missing;
 };
 
 /// This CPU's (read once).

@@ -81,11 +81,13 @@ engine::bf16_hardware detect_bf16_hardware() {
     hardware.avx512bf16_missing = "CPUID reports no AVX512-BF16";
   else if (!avx512 || (leaf7.ebx & avx512vl_bit) == 0)
     hardware.avx512bf16_missing = "AVX512-BF16 without a working avx512 path and AVX512VL";
-  constexpr unsigned avx512vnni_bit = 1u << 11;  // (7,0).ECX
+  constexpr unsigned avx512vnni_bit = 1u << 11, avx512vbmi_bit = 1u << 1;  // (7,0).ECX
   if ((leaf7.ecx & avx512vnni_bit) == 0)
-    hardware.avx512vnni_missing = "CPUID reports no AVX512-VNNI";
+    hardware.int8_kernels_missing = "CPUID reports no AVX512-VNNI";
+  else if ((leaf7.ecx & avx512vbmi_bit) == 0)
+    hardware.int8_kernels_missing = "CPUID reports AVX512-VNNI but no AVX512-VBMI";
   else if (!avx512)
-    hardware.avx512vnni_missing = "AVX512-VNNI without a working avx512 path";
+    hardware.int8_kernels_missing = "AVX512-VNNI without a working avx512 path";
   if ((leaf7.edx & amx_tile_bit) == 0 || (leaf7.edx & amx_bf16_bit) == 0)
     hardware.amx_missing = "CPUID reports no AMX-TILE and AMX-BF16";
   else if ((os_enabled_state() & tile_state) != tile_state)

@@ -31,8 +31,8 @@ std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + d
 //         as the kernel reads them, fp32 sums), in bf16 precision and over a
 //         bf16 KV cache in either precision (its K and V are bf16 already),
 //         where the paged kernels run;
-//   int8  the int8 paged kernels (gemm_int8_paged: q and p quantized to
-//         int16 per row, exact integer sums), over an int8 KV cache where
+//   int8  the int8 paged kernels (gemm_int8_paged: q quantized to int8 per
+//         row, p to int16, exact integer sums), over an int8 KV cache where
 //         they run;
 //   fp32  the fp32 kernels over the (rounded or widened) values otherwise.
 // Decided by the problem alone (precision, path, element type, head_dim), so
@@ -46,14 +46,20 @@ product_kind attention_products(kvhead::precision precision, simd_path path, kv_
   return product_kind::fp32;
 }
 
-// The attention products C = alpha * A * B over a paged B, on the kernels `kind` names.
-void paged_product(product_kind kind, gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c,
-                   std::size_t ldc) {
+// The attention products C = alpha * A * B over a paged B, on the kernels
+// `kind` names. The int8 kernels take q (the scores' A) in int8, whose
+// rounding is of the order of K's own, and p (for p v) in int16: at 8 bits
+// the probabilities below 1/510 of their row's largest would vanish, and
+// thousands of them can carry most of the weight.
+enum class attention_product { scores, values };
+void paged_product(product_kind kind, attention_product product, gemm_shape shape, float alpha, gemm_operand a,
+                   const paged_b_view& b, float* c, std::size_t ldc) {
   switch (kind) {
     case product_kind::bf16:
       return gemm_bf16_paged(shape, alpha, a, b, c, ldc);
     case product_kind::int8:
-      return gemm_int8_paged(shape, alpha, a, b, c, ldc);
+      return gemm_int8_paged(product == attention_product::scores ? a_quantization::int8 : a_quantization::int16, shape,
+                             alpha, a, b, c, ldc);
     case product_kind::fp32:
       return gemm(shape, alpha, a, b, 0.0f, c, ldc);
   }
@@ -280,8 +286,8 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   const paged_b_view keys_view{key_pages + first_segment, first_keys.n,      false, head_dim, width - first_key,
                                first_keys.path,           first_keys.element};
   const gemm_operand queries{scratch.q_rows.data(), head_dim, transpose::no};
-  paged_product(kind, {rows, width - first_key, head_dim}, tile.scale, queries, keys_view, scores + first_key,
-                kv_chunk);
+  paged_product(kind, attention_product::scores, {rows, width - first_key, head_dim}, tile.scale, queries, keys_view,
+                scores + first_key, kv_chunk);
   for (std::size_t s = first_segment; s < segments && views[s].key_scales != nullptr; ++s) {
     const std::size_t first = s * segment_keys, keys = std::min(segment_keys, width - first);
     for (std::size_t row = 0; row < rows; ++row)
@@ -353,7 +359,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     const paged_b_view values{
         pages, first_values.k, true, keys.end - from, head_dim, first_values.path, first_values.element};
     // bf16: from is a segment's first key, so pairs of keys start at even positions of the chunk.
-    paged_product(kind, shape, 1.0f, probabilities, values, target, head_dim);
+    paged_product(kind, attention_product::values, shape, 1.0f, probabilities, values, target, head_dim);
   };
   auto values_finite = [&] {
     if (in_place) return all_finite(views[first_segment].values_in_place, width, head_dim);

@@ -1,23 +1,30 @@
 // Integer products over an int8 paged B (attention's q kᵀ and p v over an
 // int8 KV cache's blocks, read in place):
 //
-//   C = alpha * s_i * (a16_i . b8_j)        for row i of A, column j of B
+//   C = alpha * s_i * (a_i . b8_j)        for row i of A, column j of B
 //
-// Each row of fp32 A is quantized to int16 with its own scale s_i = max_k
-// |A(i, k)| / 32767 (fp32 division): a16 = A / s_i (fp32 division) rounded
-// to nearest even, in [-32767, 32767] (relative error at most 2^-16 of the
-// row's largest element); a row of zeros has s = 0 and a16 = 0; a row
-// holding a NaN or an Inf has s = NaN (its C row is NaN). The dot products
-// of int16 and int8 are exact in int32 (|sum| <= KC * 32767 * 127 < 2^31,
-// static_assert below), so their order cannot matter: C(i, j) depends only
-// on row i of A and column j of B, whatever the cut into rows, columns or
-// pages, on any CPU that runs the kernels. The sum becomes fp32 by one
+// Each row of fp32 A is quantized with its own scale, to one of two widths
+// (a_quantization):
+//   int16  s_i = max_k |A(i, k)| / 32767, a = A / s_i rounded to nearest
+//          even, in [-32767, 32767] (relative error at most 2^-16 of the
+//          row's largest element): p v, whose small probabilities must not
+//          vanish;
+//   int8   s_i = max_k |A(i, k)| / 127, a in [-127, 127] (at most 2^-8 of the
+//          largest element, the order of the int8 B's own rounding): q kᵀ,
+//          where a byte per element lets one instruction take four of k.
+// Both in fp32 arithmetic (division, rounding to nearest even); a row of
+// zeros has s = 0 and a = 0; a row holding a NaN or an Inf has s = NaN (its
+// C row is NaN). The dot products with int8 are exact in int32
+// (static_asserts below), so their order cannot matter: C(i, j) depends
+// only on row i of A and column j of B, whatever the cut into rows, columns
+// or pages, on any CPU that runs the kernels. The sum becomes fp32 by one
 // rounding to nearest even, then C = (alpha * s_i) * sum.
 //
-// Kernels (int8_paged_params): AVX512-VNNI's vpdpwssd (32 multiply-adds of
-// int16 pairs per instruction, twice an fp32 FMA's) on the avx512 path;
-// their scalar emulation, exact by construction, tests the driver and the
-// layouts on any CPU.
+// Kernels (int8_paged_params) on the avx512 path with AVX512-VNNI and
+// AVX512-VBMI: int16 A by vpdpwssd (32 multiply-adds of int16 pairs per
+// instruction, twice an fp32 FMA's), int8 A by vpdpbusd (64 multiply-adds of
+// byte quads, B's bytes regrouped by vpermt2b); their scalar emulation, exact
+// by construction, tests the driver and the layouts on any CPU.
 #pragma once
 
 #include <cstddef>
@@ -29,21 +36,33 @@
 
 namespace kvhead::engine {
 
-inline constexpr std::int32_t int16_quantum = 32767;  // |a16| <= this
+/// How gemm_int8_paged quantizes A's rows (above).
+enum class a_quantization { int16, int8 };
+
+inline constexpr std::int32_t int16_quantum = 32767;  // |a| <= this, int16 A
+inline constexpr std::int32_t int8_quantum = 127;     // |a| <= this, int8 A
 static_assert(std::uint64_t{gemm_kc} * int16_quantum * 127 <= std::uint64_t{std::numeric_limits<std::int32_t>::max()},
               "the int32 sums of gemm_int8_paged must be exact up to KC terms");
+// vpdpbusd multiplies unsigned by signed bytes: the kernels take B + 128 (in
+// [1, 255]) times a, then subtract 128 * sum_k a, each sum exact in int32.
+static_assert(std::uint64_t{gemm_kc} * 255 * int8_quantum <= std::uint64_t{std::numeric_limits<std::int32_t>::max()},
+              "the int32 sums of gemm_int8_paged's int8 kernels must be exact up to KC terms");
 
 /// The paged kernel (rows 1..mr of quantized A against one 32-column panel
 /// of int8 B; the layout of bf16_paged_params in bf16_microkernel.hpp):
 ///   C[0:rows, 0:cols] := (alpha * a_scales[r]) * float(sum_k a[r][k] b[k][col])
-/// A int16 rows, a_row_stride apart (even, zero past the depth up to a
-/// pair); B's rows in pages (row k of page i at b_pages[i] + k *
-/// b_row_stride, page_rows per page, even), only `cols` columns read and
-/// written.
+/// A quantized rows (int16 or int8, as the kernel's table says), a_row_stride
+/// elements apart (a multiple of 2 for int16, of 4 for int8, zero past the
+/// depth up to it) and, for int8, a_sums[r] = sum_k a[r][k]; B's rows in
+/// pages (row k of page i at b_pages[i] + k * b_row_stride, page_rows per
+/// page: even for int16 A, a multiple of 4 for int8 A), only `cols` columns
+/// written. The int8 kernels read a panel's rows 32 bytes apart
+/// (b_row_stride 32) and whole rows, columns past `cols` included.
 struct int8_paged_params {
-  const std::int16_t* a;
+  const void* a;
   std::size_t a_row_stride;
   const float* a_scales;
+  const std::int32_t* a_sums;  // int8 A only
   const void* const* b_pages;
   std::size_t page_rows, depth, b_row_stride, cols;
   float alpha;
@@ -56,32 +75,39 @@ using int8_paged_function = void (*)(const int8_paged_params&);
 /// apart, zero up to a whole pair) and their scales (quantization above).
 using int16_quantize_rows_function = void (*)(const float* from, std::size_t from_ld, std::size_t rows,
                                               std::size_t cols, std::int16_t* to, std::size_t to_ld, float* scales);
+/// The same to int8 rows (zero up to a whole quad) and their sums as well.
+using int8_quantize_rows_function = void (*)(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols,
+                                             std::int8_t* to, std::size_t to_ld, float* scales, std::int32_t* sums);
 
 struct int8_paged_kernels {
   std::size_t mr;
-  const int8_paged_function* by_rows;  // [rows - 1]
-  int16_quantize_rows_function quantize_rows;
+  const int8_paged_function* int16_a_by_rows;  // [rows - 1]
+  const int8_paged_function* int8_a_by_rows;   // [rows - 1]
+  int16_quantize_rows_function quantize_rows_int16;
+  int8_quantize_rows_function quantize_rows_int8;
 };
 
 /// The hardware kernels (kernels_avx512vnni.cpp) and their scalar emulation.
 const int8_paged_kernels& avx512vnni_int8_paged_kernels();
 const int8_paged_kernels& emulated_int8_paged_kernels();
 
-/// C = alpha * quantized(A) * B (above) for A m x k (not transposed) and B a
-/// paged_b_view of int8 elements on a path whose NR is 32, pages at most KC
-/// deep, each page along k an even number of rows. Runs on the calling
-/// thread. Throws std::invalid_argument naming the problem for bad
+/// C = alpha * quantized(A) * B (above, A's rows quantized as `quantization`
+/// says) for A m x k (not transposed) and B a paged_b_view of int8 elements
+/// on a path whose NR is 32, pages at most KC deep, each page along k an
+/// even number of rows (int16 A) or a multiple of 4 (int8 A). Runs on the
+/// calling thread. Throws std::invalid_argument naming the problem for bad
 /// arguments or when gemm_int8_paged_runs is false.
-void gemm_int8_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc);
+void gemm_int8_paged(a_quantization quantization, gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b,
+                     float* c, std::size_t ldc);
 
 /// The same through the given kernels (the emulation runs on any CPU).
-void gemm_int8_paged_with(const int8_paged_kernels& kernels, gemm_shape shape, float alpha, gemm_operand a,
-                          const paged_b_view& b, float* c, std::size_t ldc);
+void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quantization, gemm_shape shape, float alpha,
+                          gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc);
 
 /// Whether gemm_int8_paged runs here over B packed for `path` with elements
-/// `element`: CPUID reports AVX512-VNNI, KVHEAD_ISA does not name avx512 or
-/// a lower path (its levels amx and avx512bf16 sit above avx512), the path's
-/// NR is 32 and element is int8.
+/// `element`: CPUID reports AVX512-VNNI and AVX512-VBMI, KVHEAD_ISA does not
+/// name avx512 or a lower path (its levels amx and avx512bf16 sit above
+/// avx512), the path's NR is 32 and element is int8.
 bool gemm_int8_paged_runs(simd_path path, kv_dtype element);
 
 }  // namespace kvhead::engine

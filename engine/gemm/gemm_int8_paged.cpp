@@ -1,12 +1,12 @@
 // Integer products over an int8 paged B (gemm_int8_paged, gemm_int8.hpp):
 // the driver of the int8 paged kernels and their scalar emulation.
 //
-//   A's rows to int16 rows and scales (once per call) -> for each 32-column
+//   A's rows to int16 or int8 rows and scales (once per call) -> for each 32-column
 //   panel of B (for_each_paged_panel) -> for each MR-row block of A ->
 //   kernel over the panel's rows in all pages
 //
 // One B panel (at most KC rows of 32 bytes) is read by every row block in
-// turn while it is in L1; A's int16 rows stay in L1/L2.
+// turn while it is in L1; A's quantized rows stay in L1/L2.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -35,45 +35,62 @@ float nearest_even(float x) {
   return fraction > 0.5f || (fraction == 0.5f && odd) ? below + 1.0f : below;
 }
 
-void emulated_quantize_rows(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols,
-                            std::int16_t* to, std::size_t to_ld, float* scales) {
+// Row by row: the scale max|x| / quantum, x / scale rounded to nearest even.
+template <class Integer>
+void emulated_quantize(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, Integer* to,
+                       std::size_t to_ld, float* scales, std::int32_t* sums, std::int32_t quantum) {
   for (std::size_t row = 0; row < rows; ++row) {
     const float* x = from + row * from_ld;
-    std::int16_t* q = to + row * to_ld;
+    Integer* q = to + row * to_ld;
     float largest = 0.0f;
     bool finite = true;
     for (std::size_t col = 0; col < cols; ++col) {
       finite = finite && std::isfinite(x[col]);
       largest = std::max(largest, std::fabs(x[col]));
     }
-    const float scale = finite ? largest / float(int16_quantum) : std::numeric_limits<float>::quiet_NaN();
-    for (std::size_t col = 0; col < cols; ++col)
-      q[col] = scale > 0.0f ? std::int16_t(nearest_even(x[col] / scale)) : std::int16_t{0};  // NaN > 0 is false
-    if (cols % 2 != 0) q[cols] = 0;
+    const float scale = finite ? largest / float(quantum) : std::numeric_limits<float>::quiet_NaN();
+    std::int32_t sum = 0;
+    for (std::size_t col = 0; col < to_ld; ++col) {
+      q[col] = col < cols && scale > 0.0f ? Integer(nearest_even(x[col] / scale)) : Integer{0};  // NaN > 0 is false
+      sum += q[col];
+    }
     scales[row] = scale;
+    if (sums != nullptr) sums[row] = sum;
   }
 }
 
-template <std::size_t Rows>
+void emulated_quantize_rows_int16(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols,
+                                  std::int16_t* to, std::size_t to_ld, float* scales) {
+  emulated_quantize(from, from_ld, rows, cols, to, to_ld, scales, nullptr, int16_quantum);
+}
+
+void emulated_quantize_rows_int8(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols,
+                                 std::int8_t* to, std::size_t to_ld, float* scales, std::int32_t* sums) {
+  emulated_quantize(from, from_ld, rows, cols, to, to_ld, scales, sums, int8_quantum);
+}
+
+template <class Integer, std::size_t Rows>
 void emulated_paged(const int8_paged_params& params) {
+  const auto* a = static_cast<const Integer*>(params.a);
   for (std::size_t row = 0; row < Rows; ++row)
     for (std::size_t col = 0; col < params.cols; ++col) {
       std::int32_t sum = 0;
       for (std::size_t k = 0; k < params.depth; ++k) {
         const auto* page = static_cast<const std::int8_t*>(params.b_pages[k / params.page_rows]);
-        sum += std::int32_t{params.a[row * params.a_row_stride + k]} *
+        sum += std::int32_t{a[row * params.a_row_stride + k]} *
                std::int32_t{page[k % params.page_rows * params.b_row_stride + col]};
       }
       params.c[row * params.ldc + col] = params.alpha * params.a_scales[row] * float(sum);
     }
 }
 
-template <std::size_t... Index>
+template <class Integer, std::size_t... Index>
 constexpr std::array<int8_paged_function, sizeof...(Index)> paged_table(std::index_sequence<Index...>) {
-  return {&emulated_paged<Index + 1>...};
+  return {&emulated_paged<Integer, Index + 1>...};
 }
 
-constexpr auto emulated_kernels = paged_table(std::make_index_sequence<int8_mr>{});
+constexpr auto emulated_int16_a = paged_table<std::int16_t>(std::make_index_sequence<int8_mr>{});
+constexpr auto emulated_int8_a = paged_table<std::int8_t>(std::make_index_sequence<int8_mr>{});
 
 // KVHEAD_ISA's levels amx and avx512bf16 sit above avx512: naming avx512 or
 // a lower path leaves these kernels out too (read once, as the path is).
@@ -85,44 +102,58 @@ bool isa_allows_int8_kernels() {
 }  // namespace
 
 const int8_paged_kernels& emulated_int8_paged_kernels() {
-  static const int8_paged_kernels table{int8_mr, emulated_kernels.data(), emulated_quantize_rows};
+  static const int8_paged_kernels table{int8_mr, emulated_int16_a.data(), emulated_int8_a.data(),
+                                        emulated_quantize_rows_int16, emulated_quantize_rows_int8};
   return table;
 }
 
 bool gemm_int8_paged_runs(simd_path path, kv_dtype element) {
-  return isa_allows_int8_kernels() && host_bf16_hardware().avx512vnni_missing.empty() &&
+  return isa_allows_int8_kernels() && host_bf16_hardware().int8_kernels_missing.empty() &&
          gemm_config_for(path).nr == paged_panel_columns && element == kv_dtype::int8;
 }
 
-void gemm_int8_paged_with(const int8_paged_kernels& kernels, gemm_shape shape, float alpha, gemm_operand a,
-                          const paged_b_view& b, float* c, std::size_t ldc) {
+void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quantization, gemm_shape shape, float alpha,
+                          gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k;
+  const bool int8_a = quantization == a_quantization::int8;
   check_paged_product("gemm_int8_paged", shape, a, b, c, ldc, b.element == kv_dtype::int8, "int8");
+  engine::require(!int8_a || !b.along_k || b.page % 4 == 0 || k <= b.page, [&] {
+    return "gemm_int8_paged: int8 A needs pages along k of a multiple of 4 rows (" + std::to_string(b.page) + ")";
+  });
   if (m == 0 || n == 0) return;
-  const std::size_t a_ld = round_up(std::max<std::size_t>(k, 1), 2);
-  scratch_lease a_storage(ceil_div(m * a_ld, 2) + m);
-  auto* const a_rows = reinterpret_cast<std::int16_t*>(a_storage.data() + m);
+  // Per row: its scale and (int8) its sum, then the quantized rows.
+  const std::size_t a_ld = round_up(std::max<std::size_t>(k, 1), int8_a ? 4 : 2);
+  const std::size_t row_bytes = a_ld * (int8_a ? 1 : 2);
+  scratch_lease a_storage(2 * m + ceil_div(m * row_bytes, sizeof(float)));
   float* const a_scales = a_storage.data();
-  kernels.quantize_rows(a.data, a.ld, m, k, a_rows, a_ld, a_scales);
+  auto* const a_sums = reinterpret_cast<std::int32_t*>(a_storage.data() + m);
+  void* const a_rows = a_storage.data() + 2 * m;
+  if (int8_a)
+    kernels.quantize_rows_int8(a.data, a.ld, m, k, static_cast<std::int8_t*>(a_rows), a_ld, a_scales, a_sums);
+  else
+    kernels.quantize_rows_int16(a.data, a.ld, m, k, static_cast<std::int16_t*>(a_rows), a_ld, a_scales);
+  const int8_paged_function* const by_rows = int8_a ? kernels.int8_a_by_rows : kernels.int16_a_by_rows;
   const std::size_t mr = kernels.mr;
-  for_each_paged_panel(
-      b, k, n, [&](const void* const* rows_of_panel, std::size_t page_rows, std::size_t col, std::size_t cols) {
-        for (std::size_t row0 = 0; row0 < m; row0 += mr) {
-          const std::size_t rows = std::min(mr, m - row0);
-          kernels.by_rows[rows - 1]({a_rows + row0 * a_ld, a_ld, a_scales + row0, rows_of_panel, page_rows, k,
-                                     paged_panel_columns, cols, alpha, c + row0 * ldc + col, ldc});
-        }
-      });
+  for_each_paged_panel(b, k, n,
+                       [&](const void* const* rows_of_panel, std::size_t page_rows, std::size_t col, std::size_t cols) {
+                         for (std::size_t row0 = 0; row0 < m; row0 += mr) {
+                           const std::size_t rows = std::min(mr, m - row0);
+                           by_rows[rows - 1]({static_cast<const std::byte*>(a_rows) + row0 * row_bytes, a_ld,
+                                              a_scales + row0, a_sums + row0, rows_of_panel, page_rows, k,
+                                              paged_panel_columns, cols, alpha, c + row0 * ldc + col, ldc});
+                         }
+                       });
 }
 
-void gemm_int8_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc) {
+void gemm_int8_paged(a_quantization quantization, gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b,
+                     float* c, std::size_t ldc) {
   engine::require(gemm_int8_paged_runs(b.path, b.element), [&] {
-    return std::string("gemm_int8_paged: needs AVX512-VNNI (") +
-           (host_bf16_hardware().avx512vnni_missing.empty() ? "present" : host_bf16_hardware().avx512vnni_missing) +
+    return std::string("gemm_int8_paged: needs AVX512-VNNI and AVX512-VBMI (") +
+           (host_bf16_hardware().int8_kernels_missing.empty() ? "present" : host_bf16_hardware().int8_kernels_missing) +
            "), KVHEAD_ISA not naming avx512 or a lower path, NR 32 (the path's: " +
            std::to_string(gemm_config_for(b.path).nr) + ") and int8 B";
   });
-  gemm_int8_paged_with(avx512vnni_int8_paged_kernels(), shape, alpha, a, b, c, ldc);
+  gemm_int8_paged_with(avx512vnni_int8_paged_kernels(), quantization, shape, alpha, a, b, c, ldc);
 }
 
 }  // namespace kvhead::engine

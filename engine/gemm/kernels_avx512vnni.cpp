@@ -1,14 +1,21 @@
 // The int8 paged kernels (contract in gemm_int8.hpp): this TU alone is built
-// with AVX-512 F/DQ/BW and AVX512-VNNI flags (engine/CMakeLists.txt).
+// with AVX-512 F/DQ/BW, AVX512-VNNI and AVX512-VBMI flags
+// (engine/CMakeLists.txt).
 //
 // Blocking: Rows x 32 int32 accumulators (2 zmm per row) for the whole
-// depth, one B panel of 32 columns, as the bf16 paged kernel. Each pair
-// step loads rows 2q and 2q + 1 of the panel (32 bytes each), interleaves
-// their bytes within 128-bit lanes (vpunpcklbw, vpunpckhbw on ymm) and
-// sign-extends the pairs to int16 (vpmovsxbw): 4 shuffles, two of them
-// 256-bit, per 2 * Rows vpdpwssd, each 32 multiply-adds of int16 pairs into
-// int32, exact. The lanes then hold columns in the order 0-7, 16-23 | 8-15,
-// 24-31; one 128-bit block shuffle per output vector restores C's order.
+// depth, one B panel of 32 columns, as the bf16 paged kernel.
+//   int16 A (p v): each pair step loads rows 2q and 2q + 1 of the panel (32
+//   bytes each), interleaves their bytes within 128-bit lanes (vpunpcklbw,
+//   vpunpckhbw on ymm) and sign-extends the pairs to int16 (vpmovsxbw): 4
+//   shuffles, two of them 256-bit, per 2 * Rows vpdpwssd, each 32
+//   multiply-adds of int16 pairs into int32, exact. The lanes then hold
+//   columns in the order 0-7, 16-23 | 8-15, 24-31; one 128-bit block shuffle
+//   per output vector restores C's order.
+//   int8 A (q kᵀ): each quad step loads rows 4q .. 4q + 3 (128 contiguous
+//   bytes), regroups them into the quads of columns 0-15 and 16-31 (two
+//   vpermt2b) and makes them unsigned (xor 0x80: b + 128): 4 operations per
+//   2 * Rows vpdpbusd, each 64 multiply-adds of byte quads, twice vpdpwssd's
+//   depth per instruction. The sums lose 128 * sum_k a at the end.
 #include <immintrin.h>
 
 #include <array>
@@ -43,17 +50,18 @@ inline void load_pairs(const std::int8_t* even, const std::int8_t* odd, __mmask3
 }
 
 template <std::size_t Rows>
-void int8_paged_kernel(const int8_paged_params& params) {
+void int16_a_kernel(const int8_paged_params& params) {
   static_assert(Rows <= vnni_mr);
   __m512i acc[Rows][2];
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < Rows; ++row) acc[row][0] = acc[row][1] = _mm512_setzero_si512();
   const __mmask32 lanes = first_lanes(params.cols);
+  const auto* const a_rows = static_cast<const std::int16_t*>(params.a);
   auto step = [&](const __m512i pairs[2], const std::int16_t* a) {
 #pragma GCC unroll 16
     for (std::size_t row = 0; row < Rows; ++row) {
       std::int32_t pair = 0;
-      std::memcpy(&pair, a + row * params.a_row_stride, sizeof pair);
+      std::memcpy(&pair, a + row * params.a_row_stride, sizeof pair);  // two int16
       const __m512i a_pair = _mm512_set1_epi32(pair);
       acc[row][0] = _mm512_dpwssd_epi32(acc[row][0], a_pair, pairs[0]);
       acc[row][1] = _mm512_dpwssd_epi32(acc[row][1], a_pair, pairs[1]);
@@ -67,11 +75,11 @@ void int8_paged_kernel(const int8_paged_params& params) {
     std::size_t k = 0;
     for (; k + 1 < rows; k += 2) {
       load_pairs(b + k * stride, b + (k + 1) * stride, lanes, pairs);
-      step(pairs, params.a + row0 + k);
+      step(pairs, a_rows + row0 + k);
     }
     if (k < rows) {  // the last row: its pair's odd row is zero
       load_pairs(b + k * stride, nullptr, lanes, pairs);
-      step(pairs, params.a + row0 + k);
+      step(pairs, a_rows + row0 + k);
     }
   }
   const auto low = __mmask16(lanes), high = __mmask16(lanes >> 16);
@@ -88,51 +96,146 @@ void int8_paged_kernel(const int8_paged_params& params) {
   }
 }
 
-template <std::size_t... Index>
-constexpr std::array<int8_paged_function, sizeof...(Index)> paged_table(std::index_sequence<Index...>) {
-  return {&int8_paged_kernel<Index + 1>...};
+// vpermt2b's indices over rows 0, 1 (bytes 0-63) and rows 2, 3 (64-127) of
+// a panel: byte 4c + r of the result is row r of column `first` + c.
+constexpr std::array<std::int8_t, 64> quad_indices(int first) {
+  std::array<std::int8_t, 64> index{};
+  for (int col = 0; col < 16; ++col)
+    for (int row = 0; row < 4; ++row) index[std::size_t(4 * col + row)] = std::int8_t(row * 32 + first + col);
+  return index;
+}
+constexpr std::array<std::int8_t, 64> low_quads = quad_indices(0), high_quads = quad_indices(16);
+
+// The first `count` bytes of 64 (count <= 64).
+inline __mmask64 first_bytes(std::size_t count) { return count >= 64 ? ~__mmask64{0} : (__mmask64{1} << count) - 1; }
+
+template <std::size_t Rows>
+void int8_a_kernel(const int8_paged_params& params) {
+  static_assert(Rows <= vnni_mr);
+  constexpr std::size_t row_bytes = 32;  // a panel's rows, contiguous (b_row_stride 32)
+  __m512i acc[Rows][2];
+#pragma GCC unroll 16
+  for (std::size_t row = 0; row < Rows; ++row) acc[row][0] = acc[row][1] = _mm512_setzero_si512();
+  const __m512i low_index = _mm512_loadu_si512(low_quads.data()), high_index = _mm512_loadu_si512(high_quads.data());
+  const __m512i unsigned_offset = _mm512_set1_epi8(char(0x80));
+  const auto* const a_rows = static_cast<const std::int8_t*>(params.a);
+  // Rows 0-1 and 2-3 of a quad (the rows past the depth zero) as unsigned
+  // quads of columns 0-15 and 16-31, into the accumulators.
+  auto step = [&](__m512i first_rows, __m512i last_rows, const std::int8_t* a) {
+    const __m512i low = _mm512_xor_si512(_mm512_permutex2var_epi8(first_rows, low_index, last_rows), unsigned_offset);
+    const __m512i high = _mm512_xor_si512(_mm512_permutex2var_epi8(first_rows, high_index, last_rows), unsigned_offset);
+#pragma GCC unroll 16
+    for (std::size_t row = 0; row < Rows; ++row) {
+      std::int32_t quad = 0;
+      std::memcpy(&quad, a + row * params.a_row_stride, sizeof quad);  // four int8
+      const __m512i a_quad = _mm512_set1_epi32(quad);
+      acc[row][0] = _mm512_dpbusd_epi32(acc[row][0], low, a_quad);
+      acc[row][1] = _mm512_dpbusd_epi32(acc[row][1], high, a_quad);
+    }
+  };
+  for (std::size_t page = 0, row0 = 0; row0 < params.depth; ++page, row0 += params.page_rows) {
+    const auto* b = static_cast<const std::int8_t*>(params.b_pages[page]);
+    const std::size_t rows = std::min(params.page_rows, params.depth - row0);
+    std::size_t k = 0;
+    for (; k + 4 <= rows; k += 4)
+      step(_mm512_loadu_si512(b + k * row_bytes), _mm512_loadu_si512(b + (k + 2) * row_bytes), a_rows + row0 + k);
+    if (k < rows) {  // 1 to 3 rows left: the others read as zeros (A is zero there)
+      const std::size_t left = (rows - k) * row_bytes;
+      step(_mm512_maskz_loadu_epi8(first_bytes(left), b + k * row_bytes),
+           left > 2 * row_bytes ? _mm512_maskz_loadu_epi8(first_bytes(left - 2 * row_bytes), b + (k + 2) * row_bytes)
+                                : _mm512_setzero_si512(),
+           a_rows + row0 + k);
+    }
+  }
+  const __mmask32 lanes = first_lanes(params.cols);
+  const auto low = __mmask16(lanes), high = __mmask16(lanes >> 16);
+#pragma GCC unroll 16
+  for (std::size_t row = 0; row < Rows; ++row) {
+    const __m512 scale = _mm512_set1_ps(params.alpha * params.a_scales[row]);
+    const __m512i offset = _mm512_set1_epi32(128 * params.a_sums[row]);  // (b + 128) a - 128 a = b a
+    float* c = params.c + row * params.ldc;
+    constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    _mm512_mask_storeu_ps(
+        c, low, _mm512_mul_ps(scale, _mm512_cvt_roundepi32_ps(_mm512_sub_epi32(acc[row][0], offset), nearest)));
+    _mm512_mask_storeu_ps(
+        c + 16, high, _mm512_mul_ps(scale, _mm512_cvt_roundepi32_ps(_mm512_sub_epi32(acc[row][1], offset), nearest)));
+  }
 }
 
-constexpr auto kernels = paged_table(std::make_index_sequence<vnni_mr>{});
+template <a_quantization Quantization, std::size_t Rows>
+void paged_kernel(const int8_paged_params& params) {
+  if constexpr (Quantization == a_quantization::int16)
+    int16_a_kernel<Rows>(params);
+  else
+    int8_a_kernel<Rows>(params);
+}
 
-// Rows to int16 by their absmax scale (gemm_int8.hpp), 16 columns at a time:
-// fp32 division and rounding to nearest even as the emulation's.
-void quantize_rows(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, std::int16_t* to,
-                   std::size_t to_ld, float* scales) {
+template <a_quantization Quantization, std::size_t... Index>
+constexpr std::array<int8_paged_function, sizeof...(Index)> paged_table(std::index_sequence<Index...>) {
+  return {&paged_kernel<Quantization, Index + 1>...};
+}
+
+constexpr auto int16_a_kernels = paged_table<a_quantization::int16>(std::make_index_sequence<vnni_mr>{});
+constexpr auto int8_a_kernels = paged_table<a_quantization::int8>(std::make_index_sequence<vnni_mr>{});
+
+// Rows to Integer by their absmax scale (gemm_int8.hpp), 16 columns at a
+// time: fp32 division and rounding to nearest even as the emulation's;
+// zeros from cols up to to_ld; with `sums`, each row's sum.
+template <class Integer>
+void quantize(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, Integer* to,
+              std::size_t to_ld, float* scales, std::int32_t* sums, std::int32_t quantum) {
   constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   constexpr int non_finite = 0x01 | 0x08 | 0x10 | 0x80;  // vfpclassps: QNaN, +Inf, -Inf, SNaN
-  auto lanes = [&](std::size_t col) {
-    return cols - col >= 16 ? __mmask16(0xffff) : __mmask16((1u << (cols - col)) - 1);
+  auto lanes = [](std::size_t count, std::size_t col) {
+    return count - std::min(count, col) >= 16 ? __mmask16(0xffff)
+                                              : __mmask16((1u << (count - std::min(count, col))) - 1);
   };
   for (std::size_t row = 0; row < rows; ++row) {
     const float* x = from + row * from_ld;
-    std::int16_t* q = to + row * to_ld;
+    Integer* q = to + row * to_ld;
     __m512 largest = _mm512_setzero_ps();
     __mmask16 special = 0;
     for (std::size_t col = 0; col < cols; col += 16) {
-      const __m512 values = _mm512_maskz_loadu_ps(lanes(col), x + col);
+      const __m512 values = _mm512_maskz_loadu_ps(lanes(cols, col), x + col);
       special |= _mm512_fpclass_ps_mask(values, non_finite);
       largest = _mm512_max_ps(largest, _mm512_abs_ps(values));
     }
     const float scale =
-        special != 0 ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(largest) / float(int16_quantum);
+        special != 0 ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(largest) / float(quantum);
     const __m512 divisor = _mm512_set1_ps(scale);
-    for (std::size_t col = 0; col < cols; col += 16) {
-      const __mmask16 mask = lanes(col);
+    __m512i sum = _mm512_setzero_si512();
+    for (std::size_t col = 0; col < to_ld; col += 16) {
       const __m512i integers =
-          scale > 0.0f ? _mm512_cvt_roundps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(mask, x + col), divisor), nearest)
-                       : _mm512_setzero_si512();  // NaN > 0 is false
-      _mm256_mask_storeu_epi16(q + col, mask, _mm512_cvtsepi32_epi16(integers));
+          scale > 0.0f
+              ? _mm512_cvt_roundps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(lanes(cols, col), x + col), divisor),
+                                         nearest)
+              : _mm512_setzero_si512();  // NaN > 0 is false
+      sum = _mm512_add_epi32(sum, integers);
+      if constexpr (sizeof(Integer) == 2)
+        _mm256_mask_storeu_epi16(q + col, lanes(to_ld, col), _mm512_cvtsepi32_epi16(integers));
+      else
+        _mm_mask_storeu_epi8(q + col, lanes(to_ld, col), _mm512_cvtsepi32_epi8(integers));
     }
-    if (cols % 2 != 0) q[cols] = 0;
     scales[row] = scale;
+    if (sums != nullptr) sums[row] = _mm512_reduce_add_epi32(sum);
   }
+}
+
+void quantize_rows_int16(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, std::int16_t* to,
+                         std::size_t to_ld, float* scales) {
+  quantize(from, from_ld, rows, cols, to, to_ld, scales, nullptr, int16_quantum);
+}
+
+void quantize_rows_int8(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, std::int8_t* to,
+                        std::size_t to_ld, float* scales, std::int32_t* sums) {
+  quantize(from, from_ld, rows, cols, to, to_ld, scales, sums, int8_quantum);
 }
 
 }  // namespace
 
 const int8_paged_kernels& avx512vnni_int8_paged_kernels() {
-  static const int8_paged_kernels table{vnni_mr, kernels.data(), quantize_rows};
+  static const int8_paged_kernels table{vnni_mr, int16_a_kernels.data(), int8_a_kernels.data(), quantize_rows_int16,
+                                        quantize_rows_int8};
   return table;
 }
 

@@ -20,14 +20,16 @@
 // terms, subnormal bf16 inputs read as zero). That halves the instructions
 // per cached byte, which decode's speed depends on; it adds a rounding of q
 // and of p of the same size as the rounding of K and V (the accuracy below is
-// measured with it). Over an int8 cache, on CPUs with AVX512-VNNI (Zen 4,
-// Intel from Cascade Lake; not when KVHEAD_ISA names avx512 or lower),
-// q kᵀ and p v run on vpdpwssd: each row of q, and of the probabilities
-// times V's scales, is quantized to int16 by its own scale (max |x| /
-// 32767, nearest even: at most 2^-16 of the row's largest element off), and
-// the products with the stored int8 are summed exactly in int32, then
-// scaled in fp32. Elsewhere, and for f16, fp32 arithmetic over the widened
-// values.
+// measured with it). Over an int8 cache, on CPUs with AVX512-VNNI and
+// AVX512-VBMI (Zen 4, Intel from Ice Lake; not when KVHEAD_ISA names avx512
+// or lower), q kᵀ runs on vpdpbusd and p v on vpdpwssd: each row of q is
+// quantized to int8 by its own scale (max |x| / 127, nearest even: at most
+// 2^-8 of the row's largest element off, the order of K's own rounding),
+// each row of the probabilities times V's scales to int16 (max |x| / 32767:
+// 2^-16; at 8 bits the many small probabilities of a long context would
+// vanish), and the products with the stored int8 are summed exactly in
+// int32, then scaled in fp32. Elsewhere, and for f16, fp32 arithmetic over
+// the widened values.
 //   f32   4 bytes per element, stored as given.
 //   bf16  2 bytes: fp32 rounded to nearest even (8 bits of mantissa). NaN stays
 //         NaN (quiet), +-Inf stays +-Inf; finite values too large round to
@@ -48,8 +50,8 @@
 // head_dim 128, tests/kv_dtype_test.cpp, which derives a bound from each
 // dtype's rounding): bf16 <= 1e-2, f16 <= 2e-3, int8 <= 3e-2; measured on a
 // random layer at past 1024-1039: bf16 1.1e-3 on the fp32 kernels, 2.6e-3 on
-// vdpbf16ps (Zen 4), f16 1.5e-4, int8 4.2e-3 (on the fp32 kernels and on
-// vpdpwssd alike).
+// vdpbf16ps (Zen 4), f16 1.5e-4, int8 4.2e-3 on the fp32 kernels and 9.1e-3
+// on the int8 products (q's int8 rounding adds to K's).
 // Results stay bit-identical across thread counts, chunking of the tokens,
 // batching and block sizes for each dtype and SIMD path.
 //
