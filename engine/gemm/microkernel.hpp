@@ -22,7 +22,8 @@
 //          the old C cannot leak into the result.
 //
 // b_next   the next B panel a later call reads (same row stride), or null (no
-//          prefetch): row k of it is prefetched at step k, so while this tile computes
+//          prefetch): row k of it (both cache lines of a 128-byte fp32 row of
+//          32) is prefetched at step k, so while this tile computes
 //          the next one's B streams in from memory, also across pages of a
 //          paged operand that the hardware prefetchers cannot follow. A hint
 //          only: it never changes a result.

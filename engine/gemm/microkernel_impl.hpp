@@ -87,7 +87,11 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
     const float* a = params.a;
     const Element* b = b_panel;
     for (std::size_t k = 0; k < params.k_depth; ++k, a += a_k_stride, b += params.b_row_stride) {
-      if constexpr (decltype(prefetch)::value) __builtin_prefetch(b_next + k * params.b_row_stride);
+      if constexpr (decltype(prefetch)::value) {
+        const auto* next_row = reinterpret_cast<const char*>(b_next + k * params.b_row_stride);
+        __builtin_prefetch(next_row);
+        if constexpr (NR * sizeof(Element) > 64) __builtin_prefetch(next_row + 64);
+      }
       batch b_row[vectors];
 #pragma GCC unroll 4
       for (std::size_t panel = 0; panel < Panels; ++panel)
