@@ -223,15 +223,19 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     for (const void* b = done(i) ? nullptr : b_panel_at(i.panel, i.page); !done(i);) {
       const call next = after(i);
       const void* const b_next = done(next) ? nullptr : b_panel_at(next.panel, next.page);
-      // Only pages (a KV cache's blocks, scattered) need the next B named:
-      // contiguous panels stream in by the hardware prefetchers, and the
-      // prefetch per k step would cost compute-bound GEMMs ~8% instructions.
-      // Several A panels over whole-depth pages: every call of a B panel
-      // prefetches the next panel, not only the last one, so it has all the
-      // A panels' calls to arrive (S4_decode_mqa, 32 rows: 9% faster on Zen 3).
-      const call next_b = pages > 1 || end_panel == first_panel + 1 ? next : call{i.panel + 1, first_panel, 0};
-      const void* const b_prefetch =
-          block.pages == nullptr || done(next_b) ? nullptr : b_panel_at(next_b.panel, next_b.page);
+      // Only pages (a KV cache's blocks, scattered) need the next B named,
+      // and only under several A panels: every call of a B panel prefetches
+      // the next panel, not only the last one, so it has all the A panels'
+      // calls to arrive (S4_decode_mqa, 32 rows: 9% faster on Zen 3, 4-6% on
+      // Zen 4). Contiguous panels stream in by the hardware prefetchers, and
+      // the prefetch per k step would cost compute-bound GEMMs ~8%
+      // instructions. A single A panel (decode over a GQA group) streams B
+      // at DRAM speed: there the prefetches only compete with the hardware's
+      // (S1_decode_gqa on Zen 4: 1.72-1.96 ms with them, 1.48-1.67 without).
+      const call next_b = pages > 1 ? next : call{i.panel + 1, first_panel, 0};
+      const void* const b_prefetch = block.pages == nullptr || end_panel == first_panel + 1 || done(next_b)
+                                         ? nullptr
+                                         : b_panel_at(next_b.panel, next_b.page);
       const bool packed_tail = block.tail_panel != nullptr && i.panel + 1 == panels;
       const std::size_t col = i.panel * config.nr, k = i.page * block.page_depth;
       const panel_rows span = a_panel(m, config.mr, i.a_index);
