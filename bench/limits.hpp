@@ -14,7 +14,8 @@
 //              avx512bf16 chains where those kernels run, else the FMA peak;
 //   attention int8 peak  the same for the int8 KV cache's products
 //              (gemm_int8_paged): 12 zmm vpdpwssd chains where those kernels
-//              run, else the FMA peak;
+//              run (p v's instruction; q kᵀ's vpdpbusd does twice the
+//              multiply-adds per instruction), else the FMA peak;
 //   DRAM read  a streaming read of a 1 GiB buffer on 2 MiB pages (the
 //              engine's aligned_buffer, as the KV pool), touched once first.
 // Both run on the threads of a tbb::task_arena, one slice of the work each.
