@@ -24,6 +24,8 @@
 namespace kvhead::engine {
 namespace {
 
+static_assert(paged_panel_columns == 32, "the int8 A kernels read a panel's rows 32 bytes apart, 4 in 128 bytes");
+
 // The emulation's blocking: 12 rows, as the hardware kernels' (the sums are
 // exact, so any blocking gives the same bits).
 constexpr std::size_t int8_mr = 12;

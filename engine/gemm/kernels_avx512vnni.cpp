@@ -30,9 +30,12 @@
 namespace kvhead::engine {
 namespace {
 
-// 12 rows: 24 accumulators, 2 pair vectors, 2 row halves and a broadcast,
-// 29 of 32 zmm (with vpermt2w's 2 index vectors as well, GCC 12 spilled the
-// accumulators of 8 rows and more to the stack).
+// 12 rows: 24 accumulators, then for int16 A 2 pair vectors, 2 row halves
+// and a broadcast (29 of 32 zmm; with vpermt2w's 2 index vectors as well,
+// GCC 12 spilled the accumulators of 8 rows and more to the stack), for int8
+// A 2 index vectors, the 0x80 bytes, rows 0-1, 2 quad vectors and a
+// broadcast (31; rows 2-3 are a memory operand). No spills in either
+// (objdump).
 constexpr std::size_t vnni_mr = 12;
 
 // The first `count` of 32 lanes (all of them from 32 on).
