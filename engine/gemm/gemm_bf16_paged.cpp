@@ -30,7 +30,7 @@ bool gemm_bf16_paged_runs(simd_path path, kv_dtype element) {
 void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, float alpha, gemm_operand a,
                           const paged_b_view& b, float* c, std::size_t ldc) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k;
-  check_paged_product("gemm_bf16_paged", shape, a, b, c, ldc,
+  check_paged_product("gemm_bf16_paged", shape, a, b, c, ldc, 2,
                       kernels.by_element[static_cast<std::size_t>(b.element)] != nullptr, "f32, bf16 or f16");
   if (m == 0 || n == 0) return;
   const std::size_t a_ld = round_up(std::max<std::size_t>(k, 1), 2);

@@ -118,10 +118,7 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
                           gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k;
   const bool int8_a = quantization == a_quantization::int8;
-  check_paged_product("gemm_int8_paged", shape, a, b, c, ldc, b.element == kv_dtype::int8, "int8");
-  engine::require(!int8_a || !b.along_k || b.page % 4 == 0 || k <= b.page, [&] {
-    return "gemm_int8_paged: int8 A needs pages along k of a multiple of 4 rows (" + std::to_string(b.page) + ")";
-  });
+  check_paged_product("gemm_int8_paged", shape, a, b, c, ldc, int8_a ? 4 : 2, b.element == kv_dtype::int8, "int8");
   if (m == 0 || n == 0) return;
   // Per row: its scale and (int8) its sum, then the quantized rows.
   const std::size_t a_ld = round_up(std::max<std::size_t>(k, 1), int8_a ? 4 : 2);

@@ -24,22 +24,29 @@ inline constexpr std::size_t max_pages_along_k = gemm_kc / 2;
 
 /// The checks of a paged product `name` (C m x n = A m x k times B): A
 /// valid and not transposed, C valid, k x n within B, a path with NR 32, k
-/// at most KC, pages along k of an even number of rows, and `element_ok`
-/// (B's element type is one the kernels take, as `elements` says). Throws
-/// std::invalid_argument naming the problem.
+/// at most KC, pages along k of a multiple of `page_rows_multiple` rows (2
+/// or 4: the rows the kernels take per step; or one page holding all k), and
+/// `element_ok` (B's element type is one the kernels take, as `elements`
+/// says). Throws std::invalid_argument naming the problem.
 inline void check_paged_product(const char* name, gemm_shape shape, gemm_operand a, const paged_b_view& b,
-                                const float* c, std::size_t ldc, bool element_ok, const char* elements) {
+                                const float* c, std::size_t ldc, std::size_t page_rows_multiple, bool element_ok,
+                                const char* elements) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k;
   validate_operand("A", a, m, k);
   validate_c(c, ldc, m, n);
   const gemm_config config = gemm_config_for(b.path);
   engine::require(
       a.trans == transpose::no && k <= b.k && n <= b.n && config.nr == paged_panel_columns && config.kc == gemm_kc &&
-          (b.along_k ? k <= gemm_kc && (b.page % 2 == 0 || k <= b.page) : b.k <= gemm_kc) && element_ok,
+          (b.along_k ? k <= gemm_kc && (b.page % page_rows_multiple == 0 || k <= b.page) : b.k <= gemm_kc) &&
+          element_ok,
       [&] {
+        const std::string pages = page_rows_multiple == 2
+                                      ? std::string("an even number of rows")
+                                      : "a multiple of " + std::to_string(page_rows_multiple) + " rows";
         return std::string(name) + ": needs A not transposed, k x n (" + std::to_string(k) + " x " + std::to_string(n) +
                ") within B (" + std::to_string(b.k) + " x " + std::to_string(b.n) +
-               "), a path with NR 32, k at most KC, pages along k of an even number of rows and " + elements + " B";
+               "), a path with NR 32, k at most KC, pages along k of " + pages + " (" + std::to_string(b.page) +
+               ") and " + elements + " B";
       });
 }
 
