@@ -12,6 +12,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "engine/gemm/bf16_microkernel.hpp"
@@ -74,12 +75,18 @@ constexpr auto skinny = kernel_table<bf16_skinny_panels>(std::make_index_sequenc
 // B panel of 32 columns. Each pair step loads rows 2q and 2q + 1 of the
 // panel and interleaves them into the pair layout vdpbf16ps reads (f32 and
 // f16 rounded by vcvtne2ps2bf16, which also orders them [even | odd], then
-// one vpermw per 16 columns; bf16 by one vpermt2w per 16 columns): 2 to 4
-// shuffles per 2 * Rows vdpbf16ps, so a 12-row tile stays bound by the
-// dot products.
+// one vpermw per 16 columns; bf16 by vpunpcklwd and vpunpckhwd, which pair
+// within 128-bit lanes, so its accumulators hold the columns in another
+// lane order until the end of the k loop): 2 to 4 shuffles per 2 * Rows
+// vdpbf16ps, so a 12-row tile stays bound by the dot products. The
+// in-lane unpacks cost less than the cross-lane vpermt2w they replace: a
+// decode step (4 rows) over a bf16 cache in L3 ran 3-12% faster in 5 of 5
+// alternations (S1's geometry, Zen 4; from DRAM the change was within the
+// noise). Lane order only moves elements between registers: every column's
+// arithmetic is the same.
 
-// vpermw / vpermt2w indices: lane 2j takes element `first + j`, lane 2j + 1
-// element `second + j` (vpermt2w numbers its second source's lanes from 32).
+// vpermw indices: lane 2j takes element `first + j`, lane 2j + 1 element
+// `second + j`.
 struct interleave_index {
   alignas(64) std::uint16_t lane[32];
 };
@@ -91,8 +98,7 @@ constexpr interleave_index interleave(std::uint16_t first, std::uint16_t second)
   }
   return index;
 }
-constexpr interleave_index halves = interleave(0, 16), first_columns = interleave(0, 32),
-                           second_columns = interleave(16, 48);
+constexpr interleave_index halves = interleave(0, 16);
 
 // The first `count` of 32 lanes (all of them from 32 on): column edges of a
 // panel and of a converted row.
@@ -121,12 +127,38 @@ void load_pairs(const Element* even, const Element* odd, __mmask16 low, __mmask1
 }
 template <>
 void load_pairs(const bf16_bits* even, const bf16_bits* odd, __mmask16 low, __mmask16 high, __m512i pairs[2]) {
-  const __m512i first = _mm512_load_si512(first_columns.lane), second = _mm512_load_si512(second_columns.lane);
   const __mmask32 mask = __mmask32(low) | (__mmask32(high) << 16);
   const __m512i even_row = _mm512_maskz_loadu_epi16(mask, even);
   const __m512i odd_row = odd != nullptr ? _mm512_maskz_loadu_epi16(mask, odd) : _mm512_setzero_si512();
-  pairs[0] = _mm512_permutex2var_epi16(even_row, first, odd_row);
-  pairs[1] = _mm512_permutex2var_epi16(even_row, second, odd_row);
+  pairs[0] = _mm512_unpacklo_epi16(even_row, odd_row);
+  pairs[1] = _mm512_unpackhi_epi16(even_row, odd_row);
+}
+
+// The lane order of a row's accumulators, as load_pairs leaves it: for bf16
+// (unpacked within 128-bit lanes) lane 4 L + j of acc[0] holds column 8 L + j
+// and of acc[1] column 8 L + 4 + j (L < 4, j < 4); memory order otherwise.
+// to_memory_order puts them back in column order (vector v: columns
+// [16 v, 16 v + 16)).
+struct lane_index {
+  alignas(64) std::uint32_t lane[16];
+};
+constexpr lane_index memory_columns(std::uint32_t first_column) {
+  lane_index index{};
+  for (std::uint32_t lane = 0; lane < 16; ++lane) {
+    const std::uint32_t column = first_column + lane, quarter = column / 8, within = column % 8;
+    index.lane[lane] = (within < 4 ? 0 : 16) + 4 * quarter + within % 4;  // vpermt2ps: lanes 16+ from acc[1]
+  }
+  return index;
+}
+constexpr lane_index memory_first = memory_columns(0), memory_second = memory_columns(16);
+
+template <class Element>
+void to_memory_order(__m512 acc[2]) {
+  if constexpr (std::is_same_v<Element, bf16_bits>) {
+    const __m512 low = acc[0], high = acc[1];
+    acc[0] = _mm512_permutex2var_ps(low, _mm512_load_si512(memory_first.lane), high);
+    acc[1] = _mm512_permutex2var_ps(low, _mm512_load_si512(memory_second.lane), high);
+  }
 }
 
 template <class Element, std::size_t Rows>
@@ -165,6 +197,7 @@ void paged_kernel(const bf16_paged_params& params) {
   const __m512 alpha = _mm512_set1_ps(params.alpha);
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < Rows; ++row) {
+    to_memory_order<Element>(acc[row]);
     float* c = params.c + row * params.ldc;
     _mm512_mask_storeu_ps(c, low, _mm512_mul_ps(alpha, acc[row][0]));
     _mm512_mask_storeu_ps(c + 16, high, _mm512_mul_ps(alpha, acc[row][1]));
