@@ -22,9 +22,15 @@ namespace softmax_detail {
 
 inline constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
 
+// The block walkers below are always inlined: out of line, GCC 12 reached
+// the body's captures through a pointer and, since `out` may alias them,
+// loaded and stored exp_shift_sum's running sum around every block (a
+// store-to-load chain per 16 floats). Inlined, the sum stays in a register:
+// softmax_row 7-10% faster (Zen 4), the same instructions otherwise.
+
 // Calls body(x) for each W-wide block x of in[0:n], the tail padded with `pad`.
 template <class Arch, class Body>
-void read_blocks(const float* in, std::size_t n, float pad, Body&& body) {
+[[gnu::always_inline]] inline void read_blocks(const float* in, std::size_t n, float pad, Body&& body) {
   using batch = xsimd::batch<float, Arch>;
   constexpr std::size_t width = batch::size;
   const std::size_t full = n - n % width;
@@ -40,7 +46,7 @@ void read_blocks(const float* in, std::size_t n, float pad, Body&& body) {
 // through a copy padded with `pad`. out may be in (each block is loaded
 // before it is stored).
 template <class Arch, class Body>
-void map_blocks(const float* in, float* out, std::size_t n, float pad, Body&& body) {
+[[gnu::always_inline]] inline void map_blocks(const float* in, float* out, std::size_t n, float pad, Body&& body) {
   using batch = xsimd::batch<float, Arch>;
   constexpr std::size_t width = batch::size;
   const std::size_t full = n - n % width;
@@ -55,7 +61,7 @@ void map_blocks(const float* in, float* out, std::size_t n, float pad, Body&& bo
 
 // out[block] = body(x[block], y[block]) for each W-wide block, tails padded with 0.
 template <class Arch, class Body>
-void map_blocks2(const float* x, const float* y, float* out, std::size_t n, Body&& body) {
+[[gnu::always_inline]] inline void map_blocks2(const float* x, const float* y, float* out, std::size_t n, Body&& body) {
   using batch = xsimd::batch<float, Arch>;
   constexpr std::size_t width = batch::size;
   const std::size_t full = n - n % width;
