@@ -47,7 +47,8 @@ stored_matrix draw_b(std::size_t k, std::size_t n, kv_dtype dtype, std::mt19937&
 }
 
 // B cut into pages, each packed in the layout of paged_b_view (gemm.hpp):
-// `page` rows x n (along k) or k x `page` columns, every page a buffer of
+// `page` rows x n (along k) or k x `page` columns (narrow: one panel of row
+// stride `page`, for pages of fewer than 32 columns), every page a buffer of
 // its own with NaN between the elements the layout uses and in the rows and
 // columns past B's edge, so a read outside B shows.
 struct paged_matrix {
@@ -57,19 +58,19 @@ struct paged_matrix {
 };
 
 paged_matrix page_b(const stored_matrix& b, std::size_t k, std::size_t n, std::size_t page, bool along_k,
-                    kv_dtype dtype) {
+                    kv_dtype dtype, bool narrow = false) {
   const gemm_config config = gemm_config_for(layout_path);
   const std::size_t page_k = along_k ? page : k, page_n = along_k ? n : page;
   const std::size_t count = along_k ? (k + page - 1) / page : (n + page - 1) / page;
   const std::size_t bytes = dtype == kv_dtype::f32 ? 4 : 2;
-  const std::size_t elements = packed_b_floats(config, page_k, page_n);
+  const std::size_t elements = narrow ? page_k * page_n : packed_b_floats(config, page_k, page_n);
   paged_matrix paged;
   for (std::size_t p = 0; p < count; ++p) {
     std::vector<std::uint32_t> words((elements * bytes + 3) / 4, 0x7fc07fc0u);  // NaN as f32, bf16 and f16
     for (std::size_t row = 0; row < page_k; ++row)
       for (std::size_t col = 0; col < page_n; ++col) {
         const std::size_t global_row = along_k ? p * page + row : row, global_col = along_k ? col : p * page + col;
-        const std::size_t at = pack_b_offset(config, page_k, page_n, row, col);
+        const std::size_t at = narrow ? row * page_n + col : pack_b_offset(config, page_k, page_n, row, col);
         auto* target = reinterpret_cast<unsigned char*>(words.data()) + at * bytes;
         if (global_row >= k || global_col >= n) continue;  // past B's edge: stays NaN, never read
         const std::size_t index = global_row * n + global_col;
@@ -81,7 +82,7 @@ paged_matrix page_b(const stored_matrix& b, std::size_t k, std::size_t n, std::s
     paged.storage.push_back(std::move(words));
   }
   for (const auto& words : paged.storage) paged.pages.push_back(words.data());
-  paged.view = {paged.pages.data(), page, along_k, k, n, layout_path, dtype};
+  paged.view = {paged.pages.data(), page, along_k, k, n, layout_path, dtype, narrow ? page : 0};
   return paged;
 }
 
@@ -191,7 +192,7 @@ TEST_CASE("gemm_bf16_paged: against the double reference over awkward shapes and
   check_case({30, 128, 256, 16, true, kv_dtype::f16, 1.0f}, generator);
 }
 
-TEST_CASE("gemm_bf16_paged: the same bits however B is cut into pages") {
+TEST_CASE("gemm_bf16_paged: the same bits however B is cut into pages, narrow pages included") {
   std::mt19937 generator(7);
   const std::size_t m = 29, n = 100, k = 256;
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -215,6 +216,13 @@ TEST_CASE("gemm_bf16_paged: the same bits however B is cut into pages") {
           else
             CHECK(std::memcmp(whole.data(), c.data(), c.size() * sizeof(float)) == 0);
         }
+        if (!along_k) {  // narrow pages: a KV cache's 16-key blocks
+          const paged_matrix narrow = page_b(b, k, n, 16, false, dtype, true);
+          std::vector<float> c(m * n);
+          gemm_bf16_paged_with(*kernels.kernels, {m, n, k}, 1.0f, {a.data(), k, transpose::no}, narrow.view, c.data(),
+                               n);
+          CHECK(std::memcmp(whole.data(), c.data(), c.size() * sizeof(float)) == 0);
+        }
       }
     }
 }
@@ -236,6 +244,10 @@ TEST_CASE("gemm_bf16_paged: bad arguments named, never a wrong answer") {
   CHECK_THROWS_WITH_AS(
       gemm_bf16_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, narrow_path, c.data(), 4),
       doctest::Contains("NR 32"), std::invalid_argument);
+  const paged_b_view narrow_along_k{pages, 16, true, 16, 4, layout_path, kv_dtype::f32, 16};
+  CHECK_THROWS_WITH_AS(
+      gemm_bf16_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, narrow_along_k, c.data(), 4),
+      doctest::Contains("narrow pages only along n"), std::invalid_argument);
   const paged_b_view fine{pages, 16, true, 16, 4, layout_path, kv_dtype::f32};
   CHECK_THROWS_WITH_AS(gemm_bf16_paged_with(kernels, {2, 4, 16}, 1.0f, {a.data(), 8, transpose::no}, fine, c.data(), 4),
                        doctest::Contains("leading dimension of A"), std::invalid_argument);

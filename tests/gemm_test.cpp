@@ -285,4 +285,48 @@ TEST_CASE("gemm over a paged B: the bits of one packed B, pages along n or along
   CHECK_THROWS_WITH_AS(gemm({1, 1, 1}, 2.0f, {&a, 1, transpose::no},
                             paged_b_view{&page, 1, true, 1, 1, kvhead::active_simd_path()}, 0.0f, &c, 1),
                        doctest::Contains("alpha 1 and beta 0"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      gemm({1, 1, 1}, 1.0f, {&a, 1, transpose::no},
+           paged_b_view{&page, 1, true, 1, 1, kvhead::active_simd_path(), kvhead::kv_dtype::f32, 1}, 0.0f, &c, 1),
+      doctest::Contains("narrow pages need to be column pages"), std::invalid_argument);
+}
+
+// A KV cache's 16-key blocks on a path whose panels are wider: each page one
+// narrow panel of row stride 16, its last row followed by NaN the kernel
+// reads into columns it never uses.
+TEST_CASE("gemm over narrow column pages (one 16-wide panel each): the bits of one packed B") {
+  constexpr std::size_t page = 16;
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    const std::size_t nr = kvhead::engine::gemm_config_for(path).nr;
+    if (nr <= page) continue;  // 16 columns are whole panels there
+    for (const std::size_t pages : {std::size_t{1}, std::size_t{5}})
+      for (const std::size_t m : {std::size_t{1}, std::size_t{4}, std::size_t{13}})
+        for (const std::size_t k : {std::size_t{1}, std::size_t{17}, std::size_t{300}}) {
+          CAPTURE(std::string(kvhead::to_string(path)));
+          CAPTURE(pages);
+          CAPTURE(m);
+          CAPTURE(k);
+          const std::size_t n = page * pages, used_n = n - 3;
+          const std::vector<float> a = seeded_floats(m * k, 5), b = seeded_floats(k * n, 6);
+          const packed_b whole(k, n, {b.data(), n, transpose::no}, path);
+          std::vector<std::vector<float>> parts;
+          parts.reserve(pages);  // the addresses stay valid
+          std::vector<const void*> addresses;
+          for (std::size_t p = 0; p < pages; ++p) {
+            std::vector<float> part((k + 1) * page + nr, std::numeric_limits<float>::quiet_NaN());
+            for (std::size_t row = 0; row < k; ++row)
+              std::copy(b.begin() + std::ptrdiff_t(row * n + p * page),
+                        b.begin() + std::ptrdiff_t(row * n + p * page + page),
+                        part.begin() + std::ptrdiff_t(row * page));
+            parts.push_back(std::move(part));
+            addresses.push_back(parts.back().data());
+          }
+          std::vector<float> expected(m * used_n), got(m * used_n);
+          gemm({m, used_n, k}, 0.5f, {a.data(), k, transpose::no}, whole.view(), 0.0f, expected.data(), used_n);
+          gemm({m, used_n, k}, 0.5f, {a.data(), k, transpose::no},
+               paged_b_view{addresses.data(), page, false, k, n, path, kvhead::kv_dtype::f32, page}, 0.0f, got.data(),
+               used_n);
+          CHECK(same_floats(got, expected));
+        }
+  }
 }

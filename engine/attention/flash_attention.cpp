@@ -283,8 +283,14 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   }
   const packed_b_view& first_keys = views[first_segment].keys;
   const product_kind kind = attention_products(tile.precision, tile.path, first_keys.element, head_dim);
-  const paged_b_view keys_view{key_pages + first_segment, first_keys.n,      false, head_dim, width - first_key,
-                               first_keys.path,           first_keys.element};
+  const paged_b_view keys_view{key_pages + first_segment,
+                               first_keys.n,
+                               false,
+                               head_dim,
+                               width - first_key,
+                               first_keys.path,
+                               first_keys.element,
+                               views[first_segment].key_row_stride};
   const gemm_operand queries{scratch.q_rows.data(), head_dim, transpose::no};
   paged_product(kind, attention_product::scores, {rows, width - first_key, head_dim}, tile.scale, queries, keys_view,
                 scores + first_key, kv_chunk);

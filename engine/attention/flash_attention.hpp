@@ -79,6 +79,9 @@ struct kv_segment {
   /// True when every row of `values` is known to be finite (checked once
   /// as the source packed them); false: unknown, the kernel checks.
   bool values_finite = false;
+  /// Nonzero: `keys` (fewer columns than the path's NR) is one narrow panel
+  /// of this row stride (paged_b_view::narrow_row_stride); 0: NR-wide panels.
+  std::size_t key_row_stride = 0;
 };
 
 /// Supplies the chunks of one (sequence, kv head): user K/V (flash_attention),

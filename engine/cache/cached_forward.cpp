@@ -6,7 +6,9 @@
 // kv_cache_internals): the K region holds the block's keys as a packed GEMM B
 // operand Kᵀ (head_dim x block_size), the V region its values as a packed
 // V (block_size x head_dim), both in the layout of the active SIMD path
-// (gemm.hpp: packed_b_view), in elements of the cache's dtype; an int8
+// (gemm.hpp: packed_b_view), except that a block with fewer key columns
+// than the path's panels holds Kᵀ as one narrow panel (kv_key_row_stride,
+// paged_b_view::narrow_row_stride), in elements of the cache's dtype; an int8
 // region's per-token fp32 scales follow its elements. Every block is read in
 // place as one segment of its chunk (flash_attention.hpp: kv_segment).
 #include <algorithm>
@@ -49,6 +51,7 @@ class cache_kv_source final : public kv_chunk_source {
         scales_offset_(kv_cache_internals::scales_offset(cache)),
         block_size_(cache.config().block_size),
         head_dim_(cache.config().head_dim),
+        key_row_stride_(kv_key_row_stride(gemm_config_for(path).nr, block_size_, cache.dtype())),
         path_(path),
         dtype_(cache.dtype()) {}
 
@@ -60,6 +63,7 @@ class cache_kv_source final : public kv_chunk_source {
     kv_segment view{{block + key_offset_, head_dim_, block_size_, path_, dtype_},
                     {block + value_offset_, block_size_, head_dim_, path_, dtype_},
                     {}};
+    if (key_row_stride_ < gemm_config_for(path_).nr) view.key_row_stride = key_row_stride_;
     if (dtype_ == kv_dtype::int8) {
       view.key_scales = reinterpret_cast<const float*>(block + key_offset_ + scales_offset_);
       view.value_scales = reinterpret_cast<const float*>(block + value_offset_ + scales_offset_);
@@ -71,7 +75,7 @@ class cache_kv_source final : public kv_chunk_source {
   const kv_cache& cache_;
   const std::uint32_t* table_;
   std::size_t key_offset_, value_offset_, scales_offset_;  // bytes
-  std::size_t block_size_, head_dim_;
+  std::size_t block_size_, head_dim_, key_row_stride_;
   simd_path path_;
   kv_dtype dtype_;
 };
@@ -84,12 +88,14 @@ void store(std::int8_t& target, float x, float scale) { target = encode_int8(x, 
 
 // Writes one token's k and v (head_dim floats each) into slot `slot` of a
 // block's region pair, converted to Element, V padding lanes zeroed. Kᵀ:
-// the token is column `slot`, one element every NR within each KC block; V:
+// the token is column `slot`, one element every NR within each KC block
+// (every key_row_stride elements in a narrow panel, kv_key_row_stride); V:
 // row `slot`, NR consecutive elements per panel. int8: the rows' scales at
 // scales_offset bytes into each region.
 template <class Element>
 void write_token(std::byte* key_region, std::byte* value_region, std::size_t scales_offset, const gemm_config& config,
-                 std::size_t block_size, std::size_t head_dim, std::size_t slot, const float* k, const float* v) {
+                 std::size_t block_size, std::size_t key_row_stride, std::size_t head_dim, std::size_t slot,
+                 const float* k, const float* v) {
   auto* const keys = reinterpret_cast<Element*>(key_region);
   auto* const values = reinterpret_cast<Element*>(value_region);
   float key_scale = 0.0f, value_scale = 0.0f;
@@ -99,11 +105,14 @@ void write_token(std::byte* key_region, std::byte* value_region, std::size_t sca
     reinterpret_cast<float*>(key_region + scales_offset)[slot] = key_scale;
     reinterpret_cast<float*>(value_region + scales_offset)[slot] = value_scale;
   }
-  for (std::size_t k0 = 0; k0 < head_dim; k0 += config.kc) {
-    Element* column = keys + pack_b_offset(config, head_dim, block_size, k0, slot);
-    for (std::size_t e = k0; e < std::min(head_dim, k0 + config.kc); ++e)
-      store(column[(e - k0) * config.nr], k[e], key_scale);
-  }
+  if (key_row_stride < config.nr)
+    for (std::size_t e = 0; e < head_dim; ++e) store(keys[e * key_row_stride + slot], k[e], key_scale);
+  else
+    for (std::size_t k0 = 0; k0 < head_dim; k0 += config.kc) {
+      Element* column = keys + pack_b_offset(config, head_dim, block_size, k0, slot);
+      for (std::size_t e = k0; e < std::min(head_dim, k0 + config.kc); ++e)
+        store(column[(e - k0) * config.nr], k[e], key_scale);
+    }
   for (std::size_t col = 0; col < head_dim; col += config.nr) {
     Element* row = values + pack_b_offset(config, block_size, head_dim, slot, col);
     const std::size_t lanes = std::min(config.nr, head_dim - col);
@@ -113,7 +122,7 @@ void write_token(std::byte* key_region, std::byte* value_region, std::size_t sca
 }
 
 using token_writer = void (*)(std::byte*, std::byte*, std::size_t, const gemm_config&, std::size_t, std::size_t,
-                              std::size_t, const float*, const float*);
+                              std::size_t, std::size_t, const float*, const float*);
 
 token_writer writer_for(kv_dtype dtype) {
   switch (dtype) {
@@ -151,6 +160,7 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
   const gemm_config config = gemm_config_for(path);
   const token_writer write = writer_for(cache.dtype());
   const std::size_t scales_offset = kv_cache_internals::scales_offset(cache);
+  const std::size_t key_row_stride = kv_key_row_stride(config.nr, block_size, cache.dtype());
   tbb::parallel_for(std::size_t{0}, batch.size() * kv_heads, [&](std::size_t task) {
     const cached_rows& e = batch[task / kv_heads];
     const std::size_t kv_head = task % kv_heads;
@@ -159,7 +169,7 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
     for (std::size_t position = e.past; position < e.length; ++position) {
       auto* block = reinterpret_cast<std::byte*>(kv_cache_internals::block_data(cache, e.table[position / block_size]));
       const std::size_t row = e.row0 + position - e.past;
-      write(block + key_offset, block + value_offset, scales_offset, config, block_size, head_dim,
+      write(block + key_offset, block + value_offset, scales_offset, config, block_size, key_row_stride, head_dim,
             position % block_size, k + row * row_stride + kv_head * head_dim,
             v + row * row_stride + kv_head * head_dim);
     }
@@ -168,8 +178,7 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
 
 void cached_attention(const kv_cache& cache, std::size_t layer, const std::vector<cached_rows>& batch,
                       std::size_t num_heads, const float* q, std::size_t q_row_stride, float* out, float scale,
-                      std::size_t window, simd_path path, const score_variants& variants,
-                      kvhead::precision precision) {
+                      std::size_t window, simd_path path, const score_variants& variants, kvhead::precision precision) {
   const std::size_t kv_heads = cache.config().num_kv_heads, head_dim = cache.config().head_dim;
   const std::size_t group = num_heads / kv_heads;
   const std::size_t tile_rows = tile_positions(group, path);
@@ -184,9 +193,27 @@ void cached_attention(const kv_cache& cache, std::size_t layer, const std::vecto
     for (std::size_t kv_head = 0; kv_head < kv_heads; ++kv_head) {
       const cache_kv_source& source = work->sources.emplace_back(cache, e.table, layer, kv_head, path);
       for (std::size_t p = 0; p < e.length - e.past; p += tile_rows) {
-        tiles.push_back({q + e.row0 * q_row_stride, head_dim, q_row_stride, out + e.row0 * out_row_stride, head_dim,
-                         out_row_stride, kv_head, group, head_dim, p, std::min(tile_rows, e.length - e.past - p),
-                         e.past, e.length, true, nullptr, 0, scale, path, window, variants, precision});
+        tiles.push_back({q + e.row0 * q_row_stride,
+                         head_dim,
+                         q_row_stride,
+                         out + e.row0 * out_row_stride,
+                         head_dim,
+                         out_row_stride,
+                         kv_head,
+                         group,
+                         head_dim,
+                         p,
+                         std::min(tile_rows, e.length - e.past - p),
+                         e.past,
+                         e.length,
+                         true,
+                         nullptr,
+                         0,
+                         scale,
+                         path,
+                         window,
+                         variants,
+                         precision});
         work->tile_sources.push_back(&source);
       }
     }
@@ -241,11 +268,11 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
     for (std::size_t block = state.written / block_size; block < state.blocks; ++block) {
       const std::size_t holders = kv_cache_internals::references(cache, state.table[block]);
       require(holders == 1, [&] {
-        return where + (sequence() + ", layer " + std::to_string(layer) + ": positions from " +
-                        std::to_string(state.written) + " to " + std::to_string(state.length) + " lie in block " +
-                        std::to_string(block) + ", shared by " + std::to_string(holders) +
-                        " sequences (forked after append, before this forward): truncate to " +
-                        std::to_string(state.written) + " and append again");
+        return where +
+               (sequence() + ", layer " + std::to_string(layer) + ": positions from " + std::to_string(state.written) +
+                " to " + std::to_string(state.length) + " lie in block " + std::to_string(block) + ", shared by " +
+                std::to_string(holders) + " sequences (forked after append, before this forward): truncate to " +
+                std::to_string(state.written) + " and append again");
       });
     }
     // Dropped positions (kv_cache::drop_outside_window) must lie outside the

@@ -30,6 +30,7 @@
 // take no lock.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -54,6 +55,25 @@ static_assert(
     }(),
     "every GEMM path's NR must divide the cache's panel padding");
 static_assert(kv_max_block_size <= gemm_kc, "a block's keys are one KC-deep block of P·V");
+static_assert(kv_min_block_size * 2 >= kv_panel_multiple,
+              "a block narrower than a panel is at least half of one (one narrow panel, below)");
+
+/// Key columns of a block's K region: block_size, except that int8 pads
+/// them to kv_panel_multiple (its q kᵀ kernel reads a panel's rows 32 bytes
+/// apart). A 16-token block of the other dtypes so takes half the memory
+/// of a 32-token one.
+constexpr std::size_t kv_key_columns(std::size_t block_size, kv_dtype dtype) {
+  return dtype == kv_dtype::int8 && block_size < kv_panel_multiple ? kv_panel_multiple : block_size;
+}
+
+/// The row stride, in elements, of a block's Kᵀ on a path whose panels are
+/// `nr` wide: nr (the packed layout, pack_b_offset), or, when the block has
+/// fewer key columns than a panel (16 keys on a 32-wide path), its key
+/// columns: Kᵀ is then one narrow panel, row e of it at e * stride
+/// (paged_b_view::narrow_row_stride).
+constexpr std::size_t kv_key_row_stride(std::size_t nr, std::size_t block_size, kv_dtype dtype) {
+  return std::min(nr, kv_key_columns(block_size, dtype));
+}
 static_assert((kv_min_block_size & (kv_min_block_size - 1)) == 0 && kv_min_block_size <= kv_max_block_size);
 
 /// A block table entry whose block was dropped (kv_cache::drop_outside_window):

@@ -389,17 +389,21 @@ void validate_fixed_b(const char* kind, gemm_shape shape, gemm_operand a, std::s
   validate_c(c, ldc, shape.m, shape.n);
 }
 
+// narrow_row_stride nonzero: b (fewer than NR columns) is one narrow panel
+// of that row stride (paged_b_view), row r at r * narrow_row_stride.
 void multiply_prepacked(gemm_shape shape, float alpha, gemm_operand a, a_rounding rounding, packed_b_view b, float beta,
-                        float* c, std::size_t ldc) {
+                        float* c, std::size_t ldc, std::size_t narrow_row_stride = 0) {
   validate_fixed_b("packed", shape, a, b.k, b.n, c, ldc);
   const gemm_config config = gemm_config_for(b.path);
   const std::size_t element_size = element_bytes(b.element);
-  // Packed block k0 / KC starts at element k0 * round_up(b.n, NR); its
-  // panels hold that block's full depth of b.k.
+  const std::size_t row_stride = narrow_row_stride != 0 ? narrow_row_stride : config.nr;
+  // Packed block k0 / KC starts at element k0 * round_up(b.n, NR) (k0 *
+  // row_stride in a narrow panel); its panels hold that block's full depth of b.k.
   auto prepacked_block = [&](std::size_t col0, std::size_t, std::size_t k0, std::size_t) {
-    const std::size_t panel_stride = std::min(config.kc, b.k - k0) * config.nr;
-    const std::size_t offset = k0 * round_up(b.n, config.nr) + (col0 / config.nr) * panel_stride;
-    return b_block{static_cast<const std::byte*>(b.panels) + offset * element_size, panel_stride, config.nr, nullptr,
+    const std::size_t panel_stride = std::min(config.kc, b.k - k0) * row_stride;
+    const std::size_t block_start = narrow_row_stride != 0 ? k0 * row_stride : k0 * round_up(b.n, config.nr);
+    const std::size_t offset = block_start + (col0 / config.nr) * panel_stride;
+    return b_block{static_cast<const std::byte*>(b.panels) + offset * element_size, panel_stride, row_stride, nullptr,
                    b.element};
   };
   multiply(config, shape.m, shape.n, shape.k, alpha, a, rounding, beta, c, ldc, prepacked_block);
@@ -416,6 +420,11 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, 
           a_rounding rounding) {
   validate_fixed_b("paged", shape, a, b.k, b.n, c, ldc);
   const gemm_config config = gemm_config_for(b.path);
+  engine::require(b.narrow_row_stride == 0 || (!b.along_k && b.page < config.nr && b.narrow_row_stride >= b.page), [&] {
+    return "gemm: narrow pages need to be column pages of fewer than NR (" + std::to_string(config.nr) +
+           ") columns per page (" + std::to_string(b.page) + ") and a row stride of at least that (" +
+           std::to_string(b.narrow_row_stride) + ")";
+  });
   if (b.along_k) {
     engine::require(shape.k <= config.kc && alpha == 1.0f && beta == 0.0f, [&] {
       return std::string("gemm: a B paged along k needs k <= KC (") + std::to_string(shape.k) + "), alpha 1 and beta 0";
@@ -430,11 +439,11 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, 
     multiply(config, shape.m, shape.n, shape.k, alpha, a, rounding, beta, c, ldc, row_pages);
     return;
   }
-  if (b.page % config.nr != 0 && shape.n > b.page) {
+  if (b.page % config.nr != 0 && (shape.n > b.page || b.narrow_row_stride != 0)) {
     // Pages not a whole number of panels (16 keys on a 32-wide path): one call per page.
     for (std::size_t col = 0, page = 0; col < shape.n; col += b.page, ++page)
       multiply_prepacked({shape.m, std::min(b.page, shape.n - col), shape.k}, alpha, a, rounding,
-                         {b.pages[page], b.k, b.page, b.path, b.element}, beta, c + col, ldc);
+                         {b.pages[page], b.k, b.page, b.path, b.element}, beta, c + col, ldc, b.narrow_row_stride);
     return;
   }
   auto column_pages = [&](std::size_t col0, std::size_t, std::size_t k0, std::size_t) {

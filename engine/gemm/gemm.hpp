@@ -109,6 +109,12 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float 
 /// x n, or k x `page` columns) at pages[i], anywhere in memory, all of one
 /// element type: the blocks of a KV cache read as one operand, in one call.
 /// Column pages narrower than whole NR panels run one call per page.
+/// narrow_row_stride (column pages of fewer than NR columns only): nonzero
+/// when each page is instead one narrow panel, row r of it at r *
+/// narrow_row_stride elements (>= page; a KV cache's 16-key blocks on a
+/// 32-wide path). The kernels still read whole NR-wide rows there: the
+/// page's last row reads up to NR - narrow_row_stride elements past it,
+/// which must be readable memory (they only reach columns never used).
 struct paged_b_view {
   const void* const* pages;
   std::size_t page;
@@ -116,6 +122,7 @@ struct paged_b_view {
   std::size_t k, n;
   simd_path path;
   kv_dtype element = kv_dtype::f32;
+  std::size_t narrow_row_stride = 0;
 };
 
 /// C = alpha * op(A) * B + beta * C over a paged B, with the bits of gemm()

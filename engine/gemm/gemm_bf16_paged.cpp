@@ -43,8 +43,8 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
                        [&](const void* const* rows_of_panel, std::size_t page_rows, std::size_t col, std::size_t cols) {
                          for (std::size_t row0 = 0; row0 < m; row0 += mr) {
                            const std::size_t rows = std::min(mr, m - row0);
-                           by_rows[rows - 1]({a_rows + row0 * a_ld, a_ld, rows_of_panel, page_rows, k, bf16_nr, cols,
-                                              alpha, c + row0 * ldc + col, ldc});
+                           by_rows[rows - 1]({a_rows + row0 * a_ld, a_ld, rows_of_panel, page_rows, k,
+                                              paged_row_stride(b), cols, alpha, c + row0 * ldc + col, ldc});
                          }
                        });
 }

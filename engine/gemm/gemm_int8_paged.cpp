@@ -118,7 +118,9 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
                           gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k;
   const bool int8_a = quantization == a_quantization::int8;
-  check_paged_product("gemm_int8_paged", shape, a, b, c, ldc, int8_a ? 4 : 2, b.element == kv_dtype::int8, "int8");
+  check_paged_product("gemm_int8_paged", shape, a, b, c, ldc, int8_a ? 4 : 2,
+                      b.element == kv_dtype::int8 && (!int8_a || b.narrow_row_stride == 0),
+                      int8_a ? "int8 (32-column panels: no narrow pages)" : "int8");
   if (m == 0 || n == 0) return;
   // Per row: its scale and (int8) its sum, then the quantized rows.
   const std::size_t a_ld = round_up(std::max<std::size_t>(k, 1), int8_a ? 4 : 2);
@@ -139,7 +141,7 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
                            const std::size_t rows = std::min(mr, m - row0);
                            by_rows[rows - 1]({static_cast<const std::byte*>(a_rows) + row0 * row_bytes, a_ld,
                                               a_scales + row0, a_sums + row0, rows_of_panel, page_rows, k,
-                                              paged_panel_columns, cols, alpha, c + row0 * ldc + col, ldc});
+                                              paged_row_stride(b), cols, alpha, c + row0 * ldc + col, ldc});
                          }
                        });
 }

@@ -25,7 +25,9 @@ inline constexpr std::size_t max_pages_along_k = gemm_kc / 2;
 /// The checks of a paged product `name` (C m x n = A m x k times B): A
 /// valid and not transposed, C valid, k x n within B, a path with NR 32, k
 /// at most KC, pages along k of a multiple of `page_rows_multiple` rows (2
-/// or 4: the rows the kernels take per step; or one page holding all k), and
+/// or 4: the rows the kernels take per step; or one page holding all k),
+/// narrow pages (paged_b_view::narrow_row_stride) only as column pages of
+/// fewer than 32 columns, their stride at least the page's width, and
 /// `element_ok` (B's element type is one the kernels take, as `elements`
 /// says). Throws std::invalid_argument naming the problem.
 inline void check_paged_product(const char* name, gemm_shape shape, gemm_operand a, const paged_b_view& b,
@@ -38,6 +40,7 @@ inline void check_paged_product(const char* name, gemm_shape shape, gemm_operand
   engine::require(
       a.trans == transpose::no && k <= b.k && n <= b.n && config.nr == paged_panel_columns && config.kc == gemm_kc &&
           (b.along_k ? k <= gemm_kc && (b.page % page_rows_multiple == 0 || k <= b.page) : b.k <= gemm_kc) &&
+          (b.narrow_row_stride == 0 || (!b.along_k && b.page < paged_panel_columns && b.narrow_row_stride >= b.page)) &&
           element_ok,
       [&] {
         const std::string pages = page_rows_multiple == 2
@@ -46,7 +49,8 @@ inline void check_paged_product(const char* name, gemm_shape shape, gemm_operand
         return std::string(name) + ": needs A not transposed, k x n (" + std::to_string(k) + " x " + std::to_string(n) +
                ") within B (" + std::to_string(b.k) + " x " + std::to_string(b.n) +
                "), a path with NR 32, k at most KC, pages along k of " + pages + " (" + std::to_string(b.page) +
-               ") and " + elements + " B";
+               "), narrow pages only along n, fewer than 32 columns within their row stride (" +
+               std::to_string(b.narrow_row_stride) + ") and " + elements + " B";
       });
 }
 
@@ -54,7 +58,13 @@ inline void check_paged_product(const char* name, gemm_shape shape, gemm_operand
 /// column order: panel(rows_of_panel, page_rows, col, cols) with the panel's
 /// row 0 in each page along k (or in its column page: one page of k rows),
 /// its first column and its width (at most 32, within its column page).
-/// b's layout is the packed_b one of its path (NR = 32).
+/// b's layout is the packed_b one of its path (NR = 32), or narrow column
+/// pages (one panel each, row stride b.narrow_row_stride: paged_row_stride).
+/// The row stride, in elements, of the panels for_each_paged_panel yields.
+inline std::size_t paged_row_stride(const paged_b_view& b) {
+  return b.narrow_row_stride != 0 ? b.narrow_row_stride : paged_panel_columns;
+}
+
 template <class Panel>
 void for_each_paged_panel(const paged_b_view& b, std::size_t k, std::size_t n, Panel&& panel) {
   const gemm_config config = gemm_config_for(b.path);
