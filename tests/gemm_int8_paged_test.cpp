@@ -25,32 +25,35 @@ using namespace kvhead::engine;
 constexpr simd_path layout_path = simd_path::avx512;  // the layout the kernels read (NR 32)
 constexpr double unit_roundoff = std::numeric_limits<float>::epsilon() / 2;
 
-// B (k x n int8, row-major) cut into pages of the packed layout, each page a
-// buffer of its own whose unused bytes are 0x7f, so a read outside B changes
-// the sums.
+// B (k x n int8, row-major) cut into pages of the packed layout (narrow:
+// each column page one panel of row stride `page`, a KV cache's 16-key
+// blocks), each page a buffer of its own whose unused bytes are 0x7f, so a
+// read outside B changes the sums.
 struct paged_matrix {
   std::vector<std::vector<std::int8_t>> storage;
   std::vector<const void*> pages;
   paged_b_view view;
 };
 
-paged_matrix page_b(const std::vector<std::int8_t>& b, std::size_t k, std::size_t n, std::size_t page, bool along_k) {
+paged_matrix page_b(const std::vector<std::int8_t>& b, std::size_t k, std::size_t n, std::size_t page, bool along_k,
+                    bool narrow = false) {
   const gemm_config config = gemm_config_for(layout_path);
   const std::size_t page_k = along_k ? page : k, page_n = along_k ? n : page;
   const std::size_t count = along_k ? (k + page - 1) / page : (n + page - 1) / page;
   paged_matrix paged;
   for (std::size_t p = 0; p < count; ++p) {
-    std::vector<std::int8_t> bytes(packed_b_floats(config, page_k, page_n), 0x7f);
+    std::vector<std::int8_t> bytes(narrow ? page_k * page_n : packed_b_floats(config, page_k, page_n), 0x7f);
     for (std::size_t row = 0; row < page_k; ++row)
       for (std::size_t col = 0; col < page_n; ++col) {
         const std::size_t global_row = along_k ? p * page + row : row, global_col = along_k ? col : p * page + col;
         if (global_row < k && global_col < n)
-          bytes[pack_b_offset(config, page_k, page_n, row, col)] = b[global_row * n + global_col];
+          bytes[narrow ? row * page_n + col : pack_b_offset(config, page_k, page_n, row, col)] =
+              b[global_row * n + global_col];
       }
     paged.storage.push_back(std::move(bytes));
   }
   for (const auto& bytes : paged.storage) paged.pages.push_back(bytes.data());
-  paged.view = {paged.pages.data(), page, along_k, k, n, layout_path, kv_dtype::int8};
+  paged.view = {paged.pages.data(), page, along_k, k, n, layout_path, kv_dtype::int8, narrow ? page : 0};
   return paged;
 }
 
@@ -103,6 +106,7 @@ struct paged_case {
   std::size_t m, n, k, page;
   bool along_k;
   float alpha;
+  bool narrow = false;  // column pages of 16 as narrow panels (page_b)
 };
 
 std::vector<float> run(const int8_paged_kernels& kernels, a_quantization quantization, const paged_case& test,
@@ -136,7 +140,7 @@ void check_case(const paged_case& test, a_quantization quantization, std::mt1993
   if (poisoned) a[lda + test.k / 2] = std::numeric_limits<float>::quiet_NaN();
   std::vector<std::int8_t> b(test.k * test.n);
   for (std::int8_t& x : b) x = std::int8_t(byte(generator));
-  const paged_matrix paged = page_b(b, test.k, test.n, test.page, test.along_k);
+  const paged_matrix paged = page_b(b, test.k, test.n, test.page, test.along_k, test.narrow);
   std::vector<float> first;
   for (const kernel_case& kernels : kernels_to_test()) {
     CAPTURE(kernels.name);
@@ -183,15 +187,18 @@ void check_case(const paged_case& test, a_quantization quantization, std::mt1993
 TEST_CASE(
     "gemm_int8_paged: against the stated quantization over awkward shapes and pages, emulated and on avx512vnni") {
   std::mt19937 generator(2027);
-  for (const paged_case& test : {paged_case{1, 1, 1, 16, false, 1.0f}, paged_case{4, 256, 128, 16, false, 0.125f},
-                                 paged_case{5, 37, 129, 64, false, 0.5f}, paged_case{13, 70, 7, 256, false, 1.0f},
-                                 paged_case{4, 128, 256, 16, true, 1.0f}, paged_case{25, 41, 131, 32, true, 1.0f},
-                                 paged_case{3, 128, 255, 256, true, 1.0f}, paged_case{32, 96, 256, 64, true, 1.0f},
-                                 paged_case{12, 33, 6, 16, false, 1.0f}, paged_case{2, 32, 250, 16, true, 1.0f}})
+  for (const paged_case& test :
+       {paged_case{1, 1, 1, 16, false, 1.0f}, paged_case{4, 256, 128, 16, false, 0.125f},
+        paged_case{5, 37, 129, 64, false, 0.5f}, paged_case{13, 70, 7, 256, false, 1.0f},
+        paged_case{4, 128, 256, 16, true, 1.0f}, paged_case{25, 41, 131, 32, true, 1.0f},
+        paged_case{3, 128, 255, 256, true, 1.0f}, paged_case{32, 96, 256, 64, true, 1.0f},
+        paged_case{12, 33, 6, 16, false, 1.0f}, paged_case{2, 32, 250, 16, true, 1.0f},
+        paged_case{1, 1, 1, 16, false, 1.0f, true}, paged_case{4, 256, 128, 16, false, 0.125f, true},
+        paged_case{13, 41, 7, 16, false, 1.0f, true}, paged_case{5, 30, 250, 16, false, 0.5f, true}})
     for (const a_quantization quantization : both_quantizations) check_case(test, quantization, generator);
 }
 
-TEST_CASE("gemm_int8_paged: the same bits however B is cut into pages") {
+TEST_CASE("gemm_int8_paged: the same bits however B is cut into pages, narrow pages included") {
   std::mt19937 generator(91);
   const std::size_t m = 7, n = 96, k = 256;
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -215,6 +222,12 @@ TEST_CASE("gemm_int8_paged: the same bits however B is cut into pages") {
             first = c;
           else
             CHECK(std::memcmp(first.data(), c.data(), c.size() * sizeof(float)) == 0);
+        }
+        if (!along_k) {  // narrow pages: a KV cache's 16-key blocks
+          const paged_matrix narrow = page_b(b, k, n, 16, false, true);
+          const std::vector<float> c =
+              run(*kernels.kernels, quantization, {m, n, k, 16, false, 1.0f, true}, a, k, narrow, n, m);
+          CHECK(std::memcmp(first.data(), c.data(), c.size() * sizeof(float)) == 0);
         }
       }
 }

@@ -138,7 +138,7 @@ TEST_CASE("kv dtype: block bytes follow the layout formula, the Llama-3-8B table
   struct row {
     std::size_t block_size, f32, half, int8;  // bytes
   };
-  const row table[] = {{16, 4 * mib, 2 * mib, 2 * 512 * (4096 + 64) / 2},  // int8 keeps 32 key columns
+  const row table[] = {{16, 4 * mib, 2 * mib, 512 * (2048 + 64)},
                        {32, 8 * mib, 4 * mib, 512 * (4096 + 128)},
                        {64, 16 * mib, 8 * mib, 512 * (8192 + 256)},
                        {128, 32 * mib, 16 * mib, 512 * (16384 + 512)},
@@ -167,8 +167,7 @@ TEST_CASE("kv dtype: block bytes follow the layout formula, the Llama-3-8B table
       config.dtype = dtype;
       config.block_size = block_size;
       const std::size_t element = dtype == kv_dtype::f32 ? 4 : dtype == kv_dtype::int8 ? 1 : 2;
-      const std::size_t key_columns = dtype == kv_dtype::int8 ? std::max<std::size_t>(block_size, 32) : block_size;
-      const std::size_t elements = std::max(40 * key_columns, block_size * 64);
+      const std::size_t elements = std::max(40 * block_size, block_size * 64);
       const std::size_t scales = dtype == kv_dtype::int8 ? (block_size * 4 + 63) / 64 * 64 : 0;
       const std::size_t region = (elements * element + 63) / 64 * 64 + scales;
       CHECK(kvhead::kv_cache_block_bytes(config) == 2 * 3 * 2 * region);

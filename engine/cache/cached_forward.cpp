@@ -51,7 +51,7 @@ class cache_kv_source final : public kv_chunk_source {
         scales_offset_(kv_cache_internals::scales_offset(cache)),
         block_size_(cache.config().block_size),
         head_dim_(cache.config().head_dim),
-        key_row_stride_(kv_key_row_stride(gemm_config_for(path).nr, block_size_, cache.dtype())),
+        key_row_stride_(kv_key_row_stride(gemm_config_for(path).nr, block_size_)),
         path_(path),
         dtype_(cache.dtype()) {}
 
@@ -160,7 +160,7 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
   const gemm_config config = gemm_config_for(path);
   const token_writer write = writer_for(cache.dtype());
   const std::size_t scales_offset = kv_cache_internals::scales_offset(cache);
-  const std::size_t key_row_stride = kv_key_row_stride(config.nr, block_size, cache.dtype());
+  const std::size_t key_row_stride = kv_key_row_stride(config.nr, block_size);
   tbb::parallel_for(std::size_t{0}, batch.size() * kv_heads, [&](std::size_t task) {
     const cached_rows& e = batch[task / kv_heads];
     const std::size_t kv_head = task % kv_heads;

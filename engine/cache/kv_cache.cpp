@@ -102,8 +102,7 @@ struct block_layout {
 block_layout layout_of(const kv_cache_config& config) {
   const char* too_large = "kv_cache_config: num_layers * num_kv_heads * head_dim too large (block_bytes overflows)";
   const std::size_t padded_dim = checked_round_up(config.head_dim, kv_panel_multiple, too_large);
-  const std::size_t key_columns = engine::kv_key_columns(config.block_size, config.dtype);
-  const std::size_t elements = std::max(checked_product(config.head_dim, key_columns, too_large),
+  const std::size_t elements = std::max(checked_product(config.head_dim, config.block_size, too_large),
                                         checked_product(config.block_size, padded_dim, too_large));
   block_layout layout;
   layout.scales_offset = checked_round_up(checked_product(elements, engine::element_bytes(config.dtype), too_large),

@@ -44,8 +44,9 @@ namespace kvhead::engine {
 // engine/attention/flash_attention.hpp and in engine/cache/cached_forward.cpp).
 /// Block sizes: powers of two in [kv_min_block_size, kv_max_block_size].
 inline constexpr std::size_t kv_min_block_size = 16, kv_max_block_size = 256;
-/// A region's rows (head_dim) and key columns (block_size) are padded to a
-/// multiple of this: every path's packed panels (NR wide) then tile a region.
+/// A V region's columns (head_dim) are padded to a multiple of this, so
+/// every path's packed panels (NR wide) tile it; a K region's key columns
+/// are block_size, NR-wide panels or one narrow panel (kv_key_row_stride).
 inline constexpr std::size_t kv_panel_multiple = 32;
 static_assert(
     [] {
@@ -55,25 +56,18 @@ static_assert(
     }(),
     "every GEMM path's NR must divide the cache's panel padding");
 static_assert(kv_max_block_size <= gemm_kc, "a block's keys are one KC-deep block of P·V");
-static_assert(kv_min_block_size * 2 >= kv_panel_multiple,
-              "a block narrower than a panel is at least half of one (one narrow panel, below)");
+static_assert(
+    kv_min_block_size == 16 && kv_panel_multiple == 32,
+    "the one block narrower than a panel is 16 keys: the narrow panels of the int8 q kᵀ kernel are 16 bytes wide");
 
-/// Key columns of a block's K region: block_size, except that int8 pads
-/// them to kv_panel_multiple (its q kᵀ kernel reads a panel's rows 32 bytes
-/// apart). A 16-token block of the other dtypes so takes half the memory
-/// of a 32-token one.
-constexpr std::size_t kv_key_columns(std::size_t block_size, kv_dtype dtype) {
-  return dtype == kv_dtype::int8 && block_size < kv_panel_multiple ? kv_panel_multiple : block_size;
-}
-
-/// The row stride, in elements, of a block's Kᵀ on a path whose panels are
-/// `nr` wide: nr (the packed layout, pack_b_offset), or, when the block has
-/// fewer key columns than a panel (16 keys on a 32-wide path), its key
-/// columns: Kᵀ is then one narrow panel, row e of it at e * stride
-/// (paged_b_view::narrow_row_stride).
-constexpr std::size_t kv_key_row_stride(std::size_t nr, std::size_t block_size, kv_dtype dtype) {
-  return std::min(nr, kv_key_columns(block_size, dtype));
-}
+/// The row stride, in elements, of a block's Kᵀ (head_dim x block_size, a
+/// region of head_dim * block_size elements or more) on a path whose panels
+/// are `nr` wide: nr (the packed layout, pack_b_offset), or, for a block
+/// narrower than a panel (16 keys on a 32-wide path), block_size: Kᵀ is
+/// then one narrow panel, row e of it at e * block_size
+/// (paged_b_view::narrow_row_stride), and a 16-token block takes half the
+/// memory of a 32-token one.
+constexpr std::size_t kv_key_row_stride(std::size_t nr, std::size_t block_size) { return std::min(nr, block_size); }
 static_assert((kv_min_block_size & (kv_min_block_size - 1)) == 0 && kv_min_block_size <= kv_max_block_size);
 
 /// A block table entry whose block was dropped (kv_cache::drop_outside_window):

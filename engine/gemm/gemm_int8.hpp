@@ -56,8 +56,9 @@ static_assert(std::uint64_t{gemm_kc} * 255 * int8_quantum <= std::uint64_t{std::
 /// depth up to it) and, for int8, a_sums[r] = sum_k a[r][k]; B's rows in
 /// pages (row k of page i at b_pages[i] + k * b_row_stride, page_rows per
 /// page: even for int16 A, a multiple of 4 for int8 A), only `cols` columns
-/// written. The int8 kernels read a panel's rows 32 bytes apart
-/// (b_row_stride 32) and whole rows, columns past `cols` included.
+/// written. The int8 A kernels read a panel's rows 32 bytes apart
+/// (b_row_stride 32; the narrow ones, for a narrow panel of 16 columns, 16
+/// bytes apart) and whole rows, columns past `cols` included.
 struct int8_paged_params {
   const void* a;
   std::size_t a_row_stride;
@@ -81,8 +82,9 @@ using int8_quantize_rows_function = void (*)(const float* from, std::size_t from
 
 struct int8_paged_kernels {
   std::size_t mr;
-  const int8_paged_function* int16_a_by_rows;  // [rows - 1]
-  const int8_paged_function* int8_a_by_rows;   // [rows - 1]
+  const int8_paged_function* int16_a_by_rows;        // [rows - 1]
+  const int8_paged_function* int8_a_by_rows;         // [rows - 1]
+  const int8_paged_function* int8_a_narrow_by_rows;  // [rows - 1], 16-byte rows (narrow pages)
   int16_quantize_rows_function quantize_rows_int16;
   int8_quantize_rows_function quantize_rows_int8;
 };
@@ -94,7 +96,8 @@ const int8_paged_kernels& emulated_int8_paged_kernels();
 /// C = alpha * quantized(A) * B (above, A's rows quantized as `quantization`
 /// says) for A m x k (not transposed) and B a paged_b_view of int8 elements
 /// on a path whose NR is 32, pages at most KC deep, each page along k an
-/// even number of rows (int16 A) or a multiple of 4 (int8 A). Runs on the
+/// even number of rows (int16 A) or a multiple of 4 (int8 A), narrow pages
+/// (paged_b_view::narrow_row_stride) of row stride 16 for int8 A. Runs on the
 /// calling thread. Throws std::invalid_argument naming the problem for bad
 /// arguments or when gemm_int8_paged_runs is false.
 void gemm_int8_paged(a_quantization quantization, gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b,

@@ -104,8 +104,12 @@ bool isa_allows_int8_kernels() {
 }  // namespace
 
 const int8_paged_kernels& emulated_int8_paged_kernels() {
-  static const int8_paged_kernels table{int8_mr, emulated_int16_a.data(), emulated_int8_a.data(),
-                                        emulated_quantize_rows_int16, emulated_quantize_rows_int8};
+  static const int8_paged_kernels table{int8_mr,
+                                        emulated_int16_a.data(),
+                                        emulated_int8_a.data(),
+                                        emulated_int8_a.data(),  // any row stride
+                                        emulated_quantize_rows_int16,
+                                        emulated_quantize_rows_int8};
   return table;
 }
 
@@ -118,9 +122,11 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
                           gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k;
   const bool int8_a = quantization == a_quantization::int8;
-  check_paged_product("gemm_int8_paged", shape, a, b, c, ldc, int8_a ? 4 : 2,
-                      b.element == kv_dtype::int8 && (!int8_a || b.narrow_row_stride == 0),
-                      int8_a ? "int8 (32-column panels: no narrow pages)" : "int8");
+  constexpr std::size_t narrow_row_bytes = 16;  // the int8 A kernels' narrow panels
+  check_paged_product(
+      "gemm_int8_paged", shape, a, b, c, ldc, int8_a ? 4 : 2,
+      b.element == kv_dtype::int8 && (!int8_a || b.narrow_row_stride == 0 || b.narrow_row_stride == narrow_row_bytes),
+      int8_a ? "int8 (narrow pages of row stride 16)" : "int8");
   if (m == 0 || n == 0) return;
   // Per row: its scale and (int8) its sum, then the quantized rows.
   const std::size_t a_ld = round_up(std::max<std::size_t>(k, 1), int8_a ? 4 : 2);
@@ -133,7 +139,9 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
     kernels.quantize_rows_int8(a.data, a.ld, m, k, static_cast<std::int8_t*>(a_rows), a_ld, a_scales, a_sums);
   else
     kernels.quantize_rows_int16(a.data, a.ld, m, k, static_cast<std::int16_t*>(a_rows), a_ld, a_scales);
-  const int8_paged_function* const by_rows = int8_a ? kernels.int8_a_by_rows : kernels.int16_a_by_rows;
+  const int8_paged_function* const by_rows = !int8_a                    ? kernels.int16_a_by_rows
+                                             : b.narrow_row_stride != 0 ? kernels.int8_a_narrow_by_rows
+                                                                        : kernels.int8_a_by_rows;
   const std::size_t mr = kernels.mr;
   for_each_paged_panel(b, k, n,
                        [&](const void* const* rows_of_panel, std::size_t page_rows, std::size_t col, std::size_t cols) {

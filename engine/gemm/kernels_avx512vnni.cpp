@@ -99,87 +99,110 @@ void int16_a_kernel(const int8_paged_params& params) {
   }
 }
 
-// vpermt2b's indices over rows 0, 1 (bytes 0-63) and rows 2, 3 (64-127) of
-// a panel: byte 4c + r of the result is row r of column `first` + c.
-constexpr std::array<std::int8_t, 64> quad_indices(int first) {
+// vpermt2b's (vpermb's, for 16-byte rows) indices over 4 rows of a panel,
+// row_bytes apart (rows 0, 1 in bytes 0-63 and rows 2, 3 in 64-127 for
+// 32-byte rows; all four in bytes 0-63 for 16-byte rows): byte 4c + r of the
+// result is row r of column `first` + c.
+constexpr std::array<std::int8_t, 64> quad_indices(int row_bytes, int first) {
   std::array<std::int8_t, 64> index{};
   for (int col = 0; col < 16; ++col)
-    for (int row = 0; row < 4; ++row) index[std::size_t(4 * col + row)] = std::int8_t(row * 32 + first + col);
+    for (int row = 0; row < 4; ++row) index[std::size_t(4 * col + row)] = std::int8_t(row * row_bytes + first + col);
   return index;
 }
-constexpr std::array<std::int8_t, 64> low_quads = quad_indices(0), high_quads = quad_indices(16);
+constexpr std::array<std::int8_t, 64> low_quads = quad_indices(32, 0), high_quads = quad_indices(32, 16),
+                                      narrow_quads = quad_indices(16, 0);
 
 // The first `count` bytes of 64 (count <= 64).
 inline __mmask64 first_bytes(std::size_t count) { return count >= 64 ? ~__mmask64{0} : (__mmask64{1} << count) - 1; }
 
-template <std::size_t Rows>
+// RowBytes: 32 (a 32-column panel) or 16 (a narrow panel of 16 columns, a
+// 16-token block's keys: 4 rows in one zmm, one vpermb, one accumulator
+// per row).
+template <std::size_t Rows, std::size_t RowBytes>
 void int8_a_kernel(const int8_paged_params& params) {
-  static_assert(Rows <= vnni_mr);
-  constexpr std::size_t row_bytes = 32;  // a panel's rows, contiguous (b_row_stride 32)
-  __m512i acc[Rows][2];
+  static_assert(Rows <= vnni_mr && (RowBytes == 32 || RowBytes == 16));
+  constexpr std::size_t row_bytes = RowBytes;  // a panel's rows, contiguous (b_row_stride RowBytes)
+  constexpr std::size_t vectors = RowBytes / 16;
+  __m512i acc[Rows][vectors];
 #pragma GCC unroll 16
-  for (std::size_t row = 0; row < Rows; ++row) acc[row][0] = acc[row][1] = _mm512_setzero_si512();
-  const __m512i low_index = _mm512_loadu_si512(low_quads.data()), high_index = _mm512_loadu_si512(high_quads.data());
+  for (std::size_t row = 0; row < Rows; ++row)
+    for (std::size_t v = 0; v < vectors; ++v) acc[row][v] = _mm512_setzero_si512();
+  const __m512i low_index = _mm512_loadu_si512(RowBytes == 32 ? low_quads.data() : narrow_quads.data());
+  const __m512i high_index = _mm512_loadu_si512(high_quads.data());
   const __m512i unsigned_offset = _mm512_set1_epi8(char(0x80));
   const auto* const a_rows = static_cast<const std::int8_t*>(params.a);
   // Rows 0-1 and 2-3 of a quad (the rows past the depth zero) as unsigned
-  // quads of columns 0-15 and 16-31, into the accumulators.
+  // quads of columns 0-15 and 16-31 (16-byte rows: all four rows in
+  // first_rows, quads of columns 0-15), into the accumulators.
   auto step = [&](__m512i first_rows, __m512i last_rows, const std::int8_t* a) {
-    const __m512i low = _mm512_xor_si512(_mm512_permutex2var_epi8(first_rows, low_index, last_rows), unsigned_offset);
-    const __m512i high = _mm512_xor_si512(_mm512_permutex2var_epi8(first_rows, high_index, last_rows), unsigned_offset);
+    __m512i quads[vectors];
+    if constexpr (RowBytes == 32) {
+      quads[0] = _mm512_xor_si512(_mm512_permutex2var_epi8(first_rows, low_index, last_rows), unsigned_offset);
+      quads[1] = _mm512_xor_si512(_mm512_permutex2var_epi8(first_rows, high_index, last_rows), unsigned_offset);
+    } else {
+      quads[0] = _mm512_xor_si512(_mm512_permutexvar_epi8(low_index, first_rows), unsigned_offset);
+    }
 #pragma GCC unroll 16
     for (std::size_t row = 0; row < Rows; ++row) {
       std::int32_t quad = 0;
       std::memcpy(&quad, a + row * params.a_row_stride, sizeof quad);  // four int8
       const __m512i a_quad = _mm512_set1_epi32(quad);
-      acc[row][0] = _mm512_dpbusd_epi32(acc[row][0], low, a_quad);
-      acc[row][1] = _mm512_dpbusd_epi32(acc[row][1], high, a_quad);
+      for (std::size_t v = 0; v < vectors; ++v) acc[row][v] = _mm512_dpbusd_epi32(acc[row][v], quads[v], a_quad);
     }
+  };
+  // The bytes of 4 rows from `rows` (left: at most 4 rows of the page).
+  auto load = [&](const std::int8_t* rows, std::size_t bytes, std::size_t offset) {
+    if (bytes <= offset) return _mm512_setzero_si512();
+    return bytes - offset >= 64 ? _mm512_loadu_si512(rows + offset)
+                                : _mm512_maskz_loadu_epi8(first_bytes(bytes - offset), rows + offset);
   };
   for (std::size_t page = 0, row0 = 0; row0 < params.depth; ++page, row0 += params.page_rows) {
     const auto* b = static_cast<const std::int8_t*>(params.b_pages[page]);
     const std::size_t rows = std::min(params.page_rows, params.depth - row0);
     std::size_t k = 0;
     for (; k + 4 <= rows; k += 4)
-      step(_mm512_loadu_si512(b + k * row_bytes), _mm512_loadu_si512(b + (k + 2) * row_bytes), a_rows + row0 + k);
+      step(_mm512_loadu_si512(b + k * row_bytes),
+           RowBytes == 32 ? _mm512_loadu_si512(b + (k + 2) * row_bytes) : _mm512_setzero_si512(), a_rows + row0 + k);
     if (k < rows) {  // 1 to 3 rows left: the others read as zeros (A is zero there)
       const std::size_t left = (rows - k) * row_bytes;
-      step(_mm512_maskz_loadu_epi8(first_bytes(left), b + k * row_bytes),
-           left > 2 * row_bytes ? _mm512_maskz_loadu_epi8(first_bytes(left - 2 * row_bytes), b + (k + 2) * row_bytes)
-                                : _mm512_setzero_si512(),
-           a_rows + row0 + k);
+      step(load(b + k * row_bytes, left, 0),
+           RowBytes == 32 ? load(b + k * row_bytes, left, 64) : _mm512_setzero_si512(), a_rows + row0 + k);
     }
   }
   const __mmask32 lanes = first_lanes(params.cols);
-  const auto low = __mmask16(lanes), high = __mmask16(lanes >> 16);
+  const __mmask16 masks[2] = {__mmask16(lanes), __mmask16(lanes >> 16)};
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < Rows; ++row) {
     const __m512 scale = _mm512_set1_ps(params.alpha * params.a_scales[row]);
     const __m512i offset = _mm512_set1_epi32(128 * params.a_sums[row]);  // (b + 128) a - 128 a = b a
     float* c = params.c + row * params.ldc;
     constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    _mm512_mask_storeu_ps(
-        c, low, _mm512_mul_ps(scale, _mm512_cvt_roundepi32_ps(_mm512_sub_epi32(acc[row][0], offset), nearest)));
-    _mm512_mask_storeu_ps(
-        c + 16, high, _mm512_mul_ps(scale, _mm512_cvt_roundepi32_ps(_mm512_sub_epi32(acc[row][1], offset), nearest)));
+    for (std::size_t v = 0; v < vectors; ++v)
+      _mm512_mask_storeu_ps(
+          c + 16 * v, masks[v],
+          _mm512_mul_ps(scale, _mm512_cvt_roundepi32_ps(_mm512_sub_epi32(acc[row][v], offset), nearest)));
   }
 }
 
-template <a_quantization Quantization, std::size_t Rows>
+// int16 A; int8 A over 32-byte rows; int8 A over a narrow panel's 16-byte rows.
+enum class paged_variant { int16_a, int8_a, int8_a_narrow };
+
+template <paged_variant Variant, std::size_t Rows>
 void paged_kernel(const int8_paged_params& params) {
-  if constexpr (Quantization == a_quantization::int16)
+  if constexpr (Variant == paged_variant::int16_a)
     int16_a_kernel<Rows>(params);
   else
-    int8_a_kernel<Rows>(params);
+    int8_a_kernel<Rows, Variant == paged_variant::int8_a ? 32 : 16>(params);
 }
 
-template <a_quantization Quantization, std::size_t... Index>
+template <paged_variant Variant, std::size_t... Index>
 constexpr std::array<int8_paged_function, sizeof...(Index)> paged_table(std::index_sequence<Index...>) {
-  return {&paged_kernel<Quantization, Index + 1>...};
+  return {&paged_kernel<Variant, Index + 1>...};
 }
 
-constexpr auto int16_a_kernels = paged_table<a_quantization::int16>(std::make_index_sequence<vnni_mr>{});
-constexpr auto int8_a_kernels = paged_table<a_quantization::int8>(std::make_index_sequence<vnni_mr>{});
+constexpr auto int16_a_kernels = paged_table<paged_variant::int16_a>(std::make_index_sequence<vnni_mr>{});
+constexpr auto int8_a_kernels = paged_table<paged_variant::int8_a>(std::make_index_sequence<vnni_mr>{});
+constexpr auto int8_a_narrow_kernels = paged_table<paged_variant::int8_a_narrow>(std::make_index_sequence<vnni_mr>{});
 
 // Rows to Integer by their absmax scale (gemm_int8.hpp), 16 columns at a
 // time: fp32 division and rounding to nearest even as the emulation's;
@@ -237,7 +260,11 @@ void quantize_rows_int8(const float* from, std::size_t from_ld, std::size_t rows
 }  // namespace
 
 const int8_paged_kernels& avx512vnni_int8_paged_kernels() {
-  static const int8_paged_kernels table{vnni_mr, int16_a_kernels.data(), int8_a_kernels.data(), quantize_rows_int16,
+  static const int8_paged_kernels table{vnni_mr,
+                                        int16_a_kernels.data(),
+                                        int8_a_kernels.data(),
+                                        int8_a_narrow_kernels.data(),
+                                        quantize_rows_int16,
                                         quantize_rows_int8};
   return table;
 }

@@ -56,9 +56,8 @@
 // batching and block sizes for each dtype and SIMD path.
 //
 // Block layout (fixed; the attention kernels depend on it). With E the
-// element size (4, 2, 2, 1 bytes), key_columns = block_size (int8:
-// max(block_size, 32)), region_elements = max(head_dim * key_columns,
-// block_size * round_up(head_dim, 32)) and
+// element size (4, 2, 2, 1 bytes), region_elements = max(head_dim *
+// block_size, block_size * round_up(head_dim, 32)) and
 // region_bytes = round_up(region_elements * E, 64) (+ round_up(4 *
 // block_size, 64) for int8: the block's fp32 scales, one per token), a block
 // is 2 * num_layers * num_kv_heads regions of region_bytes: for layer l and
@@ -66,12 +65,11 @@
 // region_bytes of the block and the V region right after it.
 // block_bytes() = 2 * num_layers * num_kv_heads * region_bytes
 // (kv_cache_block_bytes computes it from a configuration). 32 is the widest
-// GEMM panel of any SIMD path: a 16-token block's keys are one narrow panel
-// of 16 columns, except for int8, whose q kᵀ kernel reads 32-column panels:
-// an int8 16-token block takes as much memory as a 32-token one. One block
+// GEMM panel of any SIMD path; a 16-token block's keys are one narrow panel
+// of 16 columns, so it takes half the memory of a 32-token block. One block
 // of a Llama-3-8B-shaped cache (32 layers, 8 kv heads, head_dim 128):
 //   block_size    f32        bf16 / f16   int8
-//   16            4 MiB      2 MiB        2.03 MiB
+//   16            4 MiB      2 MiB        1.03 MiB
 //   32            8 MiB      4 MiB        2.06 MiB
 //   64            16 MiB     8 MiB        4.125 MiB
 //   128           32 MiB     16 MiB       8.25 MiB
