@@ -15,7 +15,9 @@
 //   bytes), regroups them into the quads of columns 0-15 and 16-31 (two
 //   vpermt2b) and makes them unsigned (xor 0x80: b + 128): 4 operations per
 //   2 * Rows vpdpbusd, each 64 multiply-adds of byte quads, twice vpdpwssd's
-//   depth per instruction. The sums lose 128 * sum_k a at the end.
+//   depth per instruction. The sums lose 128 * sum_k a at the end. A narrow
+//   panel (16 columns, rows 16 bytes apart: a 16-token block's keys) holds
+//   its 4 rows in one zmm: one vpermb, one accumulator per row.
 #include <immintrin.h>
 
 #include <array>
