@@ -11,20 +11,26 @@ struct tile_lookup<Arch, std::tuple<Shapes...>> {
   static constexpr bool compiled(std::size_t mr, std::size_t nr) {
     return ((Shapes::mr == mr && Shapes::nr == nr) || ...);
   }
-  // The tile's narrow (wide == false) or wide kernels for B stored as `element`.
-  static const microkernel_function* kernels(std::size_t mr, std::size_t nr, kv_dtype element, bool wide) {
+  enum class kind { panel, wide, half };  // microkernels, wide_microkernels, half_microkernels
+  // The tile's kernels of `which` kind for B stored as `element`.
+  template <class Kernels>
+  static const microkernel_function* of(kind which, kv_dtype element) {
+    return which == kind::wide   ? Kernels::wide_microkernels(element)
+           : which == kind::half ? Kernels::half_microkernels(element)
+                                 : Kernels::microkernels(element);
+  }
+  static const microkernel_function* kernels(std::size_t mr, std::size_t nr, kv_dtype element, kind which) {
     const microkernel_function* found = nullptr;
     ((found = found == nullptr && Shapes::mr == mr && Shapes::nr == nr
-                  ? (wide ? gemm_kernels<Arch, Shapes::mr, Shapes::nr>::wide_microkernels(element)
-                          : gemm_kernels<Arch, Shapes::mr, Shapes::nr>::microkernels(element))
+                  ? of<gemm_kernels<Arch, Shapes::mr, Shapes::nr>>(which, element)
                   : found),
      ...);
     return found;
   }
   static std::array<const microkernel_function*, stored_dtype_count> by_element(std::size_t mr, std::size_t nr,
-                                                                                bool wide) {
-    return {kernels(mr, nr, kv_dtype::f32, wide), kernels(mr, nr, kv_dtype::bf16, wide),
-            kernels(mr, nr, kv_dtype::f16, wide), kernels(mr, nr, kv_dtype::int8, wide)};
+                                                                                kind which) {
+    return {kernels(mr, nr, kv_dtype::f32, which), kernels(mr, nr, kv_dtype::bf16, which),
+            kernels(mr, nr, kv_dtype::f16, which), kernels(mr, nr, kv_dtype::int8, which)};
   }
 };
 
@@ -54,8 +60,9 @@ gemm_config gemm_config_for(simd_path path) {
                        machine.mc,
                        machine.kc,
                        machine.nc,
-                       tiles_of<Arch>::by_element(machine.mr, machine.nr, false),
-                       tiles_of<Arch>::by_element(machine.mr, machine.nr, true),
+                       tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::panel),
+                       tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::wide),
+                       tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::half),
                        row_stream_kernels<Arch>::row_streams()};
   });
 }

@@ -44,6 +44,8 @@ struct gemm_config {
   std::array<const microkernel_function*, stored_dtype_count> microkernels;
   // wide_microkernels[element][rows - 1], rows in 1..wide_max_rows (microkernel.hpp).
   std::array<const microkernel_function*, stored_dtype_count> wide_microkernels;
+  // half_microkernels[element][rows - 1], rows in 1..mr: the first NR / 2 columns only (microkernel.hpp).
+  std::array<const microkernel_function*, stored_dtype_count> half_microkernels;
   const row_stream_function* row_streams;  // [rows - 1], rows in 1..row_stream_max_rows
 };
 

@@ -67,12 +67,14 @@ struct b_block {
   const void* const* pages = nullptr;
   std::size_t first_panel = 0, panels_per_page = 0, page_offset = 0;  // column pages
   std::size_t page_depth = 0;                                         // row pages (0: none)
+  bool half_panels = false;  // one narrow panel of at most NR / 2 columns: the half kernels (microkernel.hpp)
 };
 
 void run_tile(const gemm_config& config, kv_dtype element, microkernel_params params, std::size_t rows,
-              std::size_t cols) {
-  const microkernel_function kernel = config.microkernels[static_cast<std::size_t>(element)][rows - 1];
-  if (cols == config.nr) {
+              std::size_t cols, bool half = false) {
+  const microkernel_function kernel =
+      (half ? config.half_microkernels : config.microkernels)[static_cast<std::size_t>(element)][rows - 1];
+  if (cols == (half ? config.nr / 2 : config.nr)) {
     kernel(params);
     return;
   }
@@ -261,7 +263,8 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
                                 ldc,
                                 i.page > 0,  // row pages: continue the chain
                                 b_prefetch};
-      run_tile(config, packed_tail ? kv_dtype::f32 : block.element, params, span.rows, std::min(config.nr, cols - col));
+      run_tile(config, packed_tail ? kv_dtype::f32 : block.element, params, span.rows, std::min(config.nr, cols - col),
+               block.half_panels && !packed_tail);
       i = next;
       b = b_next;
     }
@@ -412,8 +415,10 @@ void multiply_prepacked(gemm_shape shape, float alpha, gemm_operand a, a_roundin
     const std::size_t panel_stride = std::min(config.kc, b.k - k0) * row_stride;
     const std::size_t block_start = narrow_row_stride != 0 ? k0 * row_stride : k0 * round_up(b.n, config.nr);
     const std::size_t offset = block_start + (col0 / config.nr) * panel_stride;
-    return b_block{static_cast<const std::byte*>(b.panels) + offset * element_size, panel_stride, row_stride, nullptr,
-                   b.element};
+    b_block block{static_cast<const std::byte*>(b.panels) + offset * element_size, panel_stride, row_stride, nullptr,
+                  b.element};
+    block.half_panels = narrow_row_stride != 0 && 2 * b.n <= config.nr;
+    return block;
   };
   multiply(config, shape.m, shape.n, shape.k, alpha, a, rounding, beta, c, ldc, prepacked_block);
 }

@@ -38,6 +38,11 @@
 // step's projections) would wait on them (Zen 3, AVX2, B in L1: one row ran
 // at 13 GFLOP/s narrow, 41 wide, of a 92 GFLOP/s peak). Each element's
 // arithmetic is the narrow kernel's.
+// Half panels: a kernel of COLUMNS = NR / 2 reads and writes only the first
+// NR / 2 columns of its panel (B rows b_row_stride >= NR / 2 apart, C a
+// ROWS x NR / 2 tile): a narrow panel of 16 columns on a 32-wide path (a KV
+// cache's 16-key blocks, paged_b_view::narrow_row_stride), without the FMAs
+// of 16 unused columns. Each element's arithmetic is the narrow kernel's.
 // accumulate (alpha and beta unused): acc = C; the same k loop; C = acc. The
 // chain of FMAs continues where the last call left it, so a depth cut into
 // pieces (the first one with alpha 1, beta 0; the rest accumulating) gives
@@ -105,13 +110,15 @@ inline constexpr std::size_t row_stream_max_rows = 4;
 /// elements), one instantiation per entry of compiled_tiles<Arch>.
 template <class Arch, std::size_t MR, std::size_t NR>
 struct gemm_kernels {
-  template <class Element, std::size_t Rows, std::size_t Panels = 1>
+  template <class Element, std::size_t Rows, std::size_t Panels = 1, std::size_t Columns = NR>
   static void microkernel(const microkernel_params& params);
   /// microkernels(e)[rows - 1] is the kernel for a tile of `rows` rows,
   /// 1..MR, with B stored as e.
   static const microkernel_function* microkernels(kv_dtype element);
   /// wide_microkernels(e)[rows - 1]: rows 1..wide_max_rows, wide_panels(rows) panels.
   static const microkernel_function* wide_microkernels(kv_dtype element);
+  /// half_microkernels(e)[rows - 1]: rows 1..MR over the first NR / 2 columns.
+  static const microkernel_function* half_microkernels(kv_dtype element);
 };
 
 /// Wide tiles (above): rows 1..wide_max_rows, each with wide_panels(rows) B

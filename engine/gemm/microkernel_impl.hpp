@@ -46,14 +46,16 @@ struct panel_order {
 };
 
 template <class Arch, std::size_t MR, std::size_t NR>
-template <class Element, std::size_t Rows, std::size_t Panels>
+template <class Element, std::size_t Rows, std::size_t Panels, std::size_t Columns>
 void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   using batch = xsimd::batch<float, Arch>;
   constexpr std::size_t rows = Rows;
-  // The tile's vectors per row: NR / W of each of its Panels B panels, whose
-  // vector v of panel j is column (j * NR + v * W) of C.
-  constexpr std::size_t panel_vectors = NR / batch::size, vectors = Panels * panel_vectors;
-  static_assert(NR % batch::size == 0 && Rows <= MR && (Panels == 1 || Rows <= wide_max_rows));
+  // The tile's vectors per row: Columns / W of each of its Panels B panels
+  // (Columns: NR, or NR / 2 for a half panel), whose vector v of panel j is
+  // column (j * NR + v * W) of C.
+  constexpr std::size_t panel_vectors = Columns / batch::size, vectors = Panels * panel_vectors;
+  static_assert(NR % batch::size == 0 && Columns % batch::size == 0 && Rows <= MR &&
+                (Panels == 1 || Rows <= wide_max_rows) && (Columns == NR || (2 * Columns == NR && Panels == 1)));
   using order = panel_order<Arch, Element, panel_vectors>;
 
   // Fetch the C tile now: it is read and written only after the k loop, and
@@ -90,7 +92,7 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
       if constexpr (decltype(prefetch)::value) {
         const auto* next_row = reinterpret_cast<const char*>(b_next + k * params.b_row_stride);
         __builtin_prefetch(next_row);
-        if constexpr (NR * sizeof(Element) > 64) __builtin_prefetch(next_row + 64);
+        if constexpr (Columns * sizeof(Element) > 64) __builtin_prefetch(next_row + 64);
       }
       batch b_row[vectors];
 #pragma GCC unroll 4
@@ -161,6 +163,18 @@ const microkernel_function* gemm_kernels<Arch, MR, NR>::wide_microkernels(kv_dty
         {&microkernel<f16_bits, Index + 1, wide_panels(Index + 1)>...},
         {&microkernel<std::int8_t, Index + 1, wide_panels(Index + 1)>...}}};
   }(std::make_index_sequence<wide_max_rows>{});
+  return table[static_cast<std::size_t>(element)].data();
+}
+
+template <class Arch, std::size_t MR, std::size_t NR>
+const microkernel_function* gemm_kernels<Arch, MR, NR>::half_microkernels(kv_dtype element) {
+  static constexpr auto table = []<std::size_t... Index>(std::index_sequence<Index...>) {
+    return std::array<std::array<microkernel_function, MR>, stored_dtype_count>{{
+        {&microkernel<float, Index + 1, 1, NR / 2>...},
+        {&microkernel<bf16_bits, Index + 1, 1, NR / 2>...},
+        {&microkernel<f16_bits, Index + 1, 1, NR / 2>...},
+        {&microkernel<std::int8_t, Index + 1, 1, NR / 2>...}}};
+  }(std::make_index_sequence<MR>{});
   return table[static_cast<std::size_t>(element)].data();
 }
 // clang-format on
