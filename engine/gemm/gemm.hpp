@@ -112,9 +112,10 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float 
 /// narrow_row_stride (column pages of fewer than NR columns only): nonzero
 /// when each page is instead one narrow panel, row r of it at r *
 /// narrow_row_stride elements (>= page; a KV cache's 16-key blocks on a
-/// 32-wide path). The kernels still read whole NR-wide rows there: the
-/// page's last row reads up to NR - narrow_row_stride elements past it,
-/// which must be readable memory (they only reach columns never used).
+/// 32-wide path). Pages of at most NR / 2 columns run the half-panel
+/// kernels (microkernel.hpp); wider narrow pages read whole NR-wide rows,
+/// so the page's last row reads up to NR - narrow_row_stride elements past
+/// it, which must be readable memory (they only reach columns never used).
 struct paged_b_view {
   const void* const* pages;
   std::size_t page;
