@@ -7,7 +7,7 @@
 // operand Kᵀ (head_dim x block_size), the V region its values as a packed
 // V (block_size x head_dim), both in the layout of the active SIMD path
 // (gemm.hpp: packed_b_view), except that a block with fewer key columns
-// than the path's panels holds Kᵀ as one narrow panel (kv_key_row_stride,
+// than the path's panels holds Kᵀ as one narrow panel (kv_narrow_key_row_stride,
 // paged_b_view::narrow_row_stride), in elements of the cache's dtype; an int8
 // region's per-token fp32 scales follow its elements. Every block is read in
 // place as one segment of its chunk (flash_attention.hpp: kv_segment).
@@ -51,7 +51,7 @@ class cache_kv_source final : public kv_chunk_source {
         scales_offset_(kv_cache_internals::scales_offset(cache)),
         block_size_(cache.config().block_size),
         head_dim_(cache.config().head_dim),
-        key_row_stride_(kv_key_row_stride(gemm_config_for(path).nr, block_size_)),
+        narrow_key_row_stride_(kv_narrow_key_row_stride(gemm_config_for(path).nr, block_size_)),
         path_(path),
         dtype_(cache.dtype()) {}
 
@@ -63,7 +63,7 @@ class cache_kv_source final : public kv_chunk_source {
     kv_segment view{{block + key_offset_, head_dim_, block_size_, path_, dtype_},
                     {block + value_offset_, block_size_, head_dim_, path_, dtype_},
                     {}};
-    if (key_row_stride_ < gemm_config_for(path_).nr) view.key_row_stride = key_row_stride_;
+    view.key_row_stride = narrow_key_row_stride_;
     if (dtype_ == kv_dtype::int8) {
       view.key_scales = reinterpret_cast<const float*>(block + key_offset_ + scales_offset_);
       view.value_scales = reinterpret_cast<const float*>(block + value_offset_ + scales_offset_);
@@ -75,7 +75,7 @@ class cache_kv_source final : public kv_chunk_source {
   const kv_cache& cache_;
   const std::uint32_t* table_;
   std::size_t key_offset_, value_offset_, scales_offset_;  // bytes
-  std::size_t block_size_, head_dim_, key_row_stride_;
+  std::size_t block_size_, head_dim_, narrow_key_row_stride_;
   simd_path path_;
   kv_dtype dtype_;
 };
@@ -89,12 +89,13 @@ void store(std::int8_t& target, float x, float scale) { target = encode_int8(x, 
 // Writes one token's k and v (head_dim floats each) into slot `slot` of a
 // block's region pair, converted to Element, V padding lanes zeroed. Kᵀ:
 // the token is column `slot`, one element every NR within each KC block
-// (every key_row_stride elements in a narrow panel, kv_key_row_stride); V:
+// (every narrow_key_row_stride elements in a narrow panel, when nonzero:
+// kv_narrow_key_row_stride); V:
 // row `slot`, NR consecutive elements per panel. int8: the rows' scales at
 // scales_offset bytes into each region.
 template <class Element>
 void write_token(std::byte* key_region, std::byte* value_region, std::size_t scales_offset, const gemm_config& config,
-                 std::size_t block_size, std::size_t key_row_stride, std::size_t head_dim, std::size_t slot,
+                 std::size_t block_size, std::size_t narrow_key_row_stride, std::size_t head_dim, std::size_t slot,
                  const float* k, const float* v) {
   auto* const keys = reinterpret_cast<Element*>(key_region);
   auto* const values = reinterpret_cast<Element*>(value_region);
@@ -105,8 +106,8 @@ void write_token(std::byte* key_region, std::byte* value_region, std::size_t sca
     reinterpret_cast<float*>(key_region + scales_offset)[slot] = key_scale;
     reinterpret_cast<float*>(value_region + scales_offset)[slot] = value_scale;
   }
-  if (key_row_stride < config.nr)
-    for (std::size_t e = 0; e < head_dim; ++e) store(keys[e * key_row_stride + slot], k[e], key_scale);
+  if (narrow_key_row_stride != 0)
+    for (std::size_t e = 0; e < head_dim; ++e) store(keys[e * narrow_key_row_stride + slot], k[e], key_scale);
   else
     for (std::size_t k0 = 0; k0 < head_dim; k0 += config.kc) {
       Element* column = keys + pack_b_offset(config, head_dim, block_size, k0, slot);
@@ -160,7 +161,7 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
   const gemm_config config = gemm_config_for(path);
   const token_writer write = writer_for(cache.dtype());
   const std::size_t scales_offset = kv_cache_internals::scales_offset(cache);
-  const std::size_t key_row_stride = kv_key_row_stride(config.nr, block_size);
+  const std::size_t narrow_key_row_stride = kv_narrow_key_row_stride(config.nr, block_size);
   tbb::parallel_for(std::size_t{0}, batch.size() * kv_heads, [&](std::size_t task) {
     const cached_rows& e = batch[task / kv_heads];
     const std::size_t kv_head = task % kv_heads;
@@ -169,8 +170,8 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
     for (std::size_t position = e.past; position < e.length; ++position) {
       auto* block = reinterpret_cast<std::byte*>(kv_cache_internals::block_data(cache, e.table[position / block_size]));
       const std::size_t row = e.row0 + position - e.past;
-      write(block + key_offset, block + value_offset, scales_offset, config, block_size, key_row_stride, head_dim,
-            position % block_size, k + row * row_stride + kv_head * head_dim,
+      write(block + key_offset, block + value_offset, scales_offset, config, block_size, narrow_key_row_stride,
+            head_dim, position % block_size, k + row * row_stride + kv_head * head_dim,
             v + row * row_stride + kv_head * head_dim);
     }
   });

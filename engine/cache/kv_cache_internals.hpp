@@ -30,7 +30,6 @@
 // take no lock.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -46,7 +45,7 @@ namespace kvhead::engine {
 inline constexpr std::size_t kv_min_block_size = 16, kv_max_block_size = 256;
 /// A V region's columns (head_dim) are padded to a multiple of this, so
 /// every path's packed panels (NR wide) tile it; a K region's key columns
-/// are block_size, NR-wide panels or one narrow panel (kv_key_row_stride).
+/// are block_size, NR-wide panels or one narrow panel (kv_narrow_key_row_stride).
 inline constexpr std::size_t kv_panel_multiple = 32;
 static_assert(
     [] {
@@ -60,14 +59,15 @@ static_assert(
     kv_min_block_size == 16 && kv_panel_multiple == 32,
     "the one block narrower than a panel is 16 keys: the narrow panels of the int8 q kᵀ kernel are 16 bytes wide");
 
-/// The row stride, in elements, of a block's Kᵀ (head_dim x block_size, a
-/// region of head_dim * block_size elements or more) on a path whose panels
-/// are `nr` wide: nr (the packed layout, pack_b_offset), or, for a block
-/// narrower than a panel (16 keys on a 32-wide path), block_size: Kᵀ is
-/// then one narrow panel, row e of it at e * block_size
-/// (paged_b_view::narrow_row_stride), and a 16-token block takes half the
-/// memory of a 32-token one.
-constexpr std::size_t kv_key_row_stride(std::size_t nr, std::size_t block_size) { return std::min(nr, block_size); }
+/// A block's Kᵀ (head_dim x block_size, a region of head_dim * block_size
+/// elements or more) on a path whose panels are `nr` wide: 0 when the block
+/// is whole panels (the packed layout, pack_b_offset), else (16 keys on a
+/// 32-wide path) block_size: Kᵀ is one narrow panel, row e of it at e *
+/// block_size (paged_b_view::narrow_row_stride), so a 16-token block takes
+/// half the memory of a 32-token one.
+constexpr std::size_t kv_narrow_key_row_stride(std::size_t nr, std::size_t block_size) {
+  return block_size < nr ? block_size : 0;
+}
 static_assert((kv_min_block_size & (kv_min_block_size - 1)) == 0 && kv_min_block_size <= kv_max_block_size);
 
 /// A block table entry whose block was dropped (kv_cache::drop_outside_window):

@@ -434,7 +434,7 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, 
           a_rounding rounding) {
   validate_fixed_b("paged", shape, a, b.k, b.n, c, ldc);
   const gemm_config config = gemm_config_for(b.path);
-  engine::require(b.narrow_row_stride == 0 || (!b.along_k && b.page < config.nr && b.narrow_row_stride >= b.page), [&] {
+  engine::require(narrow_pages_valid(b, config.nr), [&] {
     return "gemm: narrow pages need to be column pages of fewer than NR (" + std::to_string(config.nr) +
            ") columns per page (" + std::to_string(b.page) + ") and a row stride of at least that (" +
            std::to_string(b.narrow_row_stride) + ")";

@@ -126,6 +126,13 @@ struct paged_b_view {
   std::size_t narrow_row_stride = 0;
 };
 
+/// Whether b's narrow pages, if any, are as paged_b_view says (column pages
+/// of fewer than `nr` columns, within their row stride): the check every
+/// paged product makes.
+inline bool narrow_pages_valid(const paged_b_view& b, std::size_t nr) {
+  return b.narrow_row_stride == 0 || (!b.along_k && b.page < nr && b.narrow_row_stride >= b.page);
+}
+
 /// C = alpha * op(A) * B + beta * C over a paged B, with the bits of gemm()
 /// over the concatenated B: across column pages every column is computed
 /// alone; across row pages each element's FMA chain continues from page to

@@ -40,8 +40,7 @@ inline void check_paged_product(const char* name, gemm_shape shape, gemm_operand
   engine::require(
       a.trans == transpose::no && k <= b.k && n <= b.n && config.nr == paged_panel_columns && config.kc == gemm_kc &&
           (b.along_k ? k <= gemm_kc && (b.page % page_rows_multiple == 0 || k <= b.page) : b.k <= gemm_kc) &&
-          (b.narrow_row_stride == 0 || (!b.along_k && b.page < paged_panel_columns && b.narrow_row_stride >= b.page)) &&
-          element_ok,
+          narrow_pages_valid(b, paged_panel_columns) && element_ok,
       [&] {
         const std::string pages = page_rows_multiple == 2
                                       ? std::string("an even number of rows")
@@ -54,16 +53,17 @@ inline void check_paged_product(const char* name, gemm_shape shape, gemm_operand
       });
 }
 
+/// The row stride, in elements, of the panels for_each_paged_panel yields.
+inline std::size_t paged_row_stride(const paged_b_view& b) {
+  return b.narrow_row_stride != 0 ? b.narrow_row_stride : paged_panel_columns;
+}
+
 /// For each 32-column panel of the first k rows and n columns of `b`, in
 /// column order: panel(rows_of_panel, page_rows, col, cols) with the panel's
 /// row 0 in each page along k (or in its column page: one page of k rows),
 /// its first column and its width (at most 32, within its column page).
 /// b's layout is the packed_b one of its path (NR = 32), or narrow column
 /// pages (one panel each, row stride b.narrow_row_stride: paged_row_stride).
-/// The row stride, in elements, of the panels for_each_paged_panel yields.
-inline std::size_t paged_row_stride(const paged_b_view& b) {
-  return b.narrow_row_stride != 0 ? b.narrow_row_stride : paged_panel_columns;
-}
 
 template <class Panel>
 void for_each_paged_panel(const paged_b_view& b, std::size_t k, std::size_t n, Panel&& panel) {
