@@ -64,7 +64,6 @@ inline std::size_t paged_row_stride(const paged_b_view& b) {
 /// its first column and its width (at most 32, within its column page).
 /// b's layout is the packed_b one of its path (NR = 32), or narrow column
 /// pages (one panel each, row stride b.narrow_row_stride: paged_row_stride).
-
 template <class Panel>
 void for_each_paged_panel(const paged_b_view& b, std::size_t k, std::size_t n, Panel&& panel) {
   const gemm_config config = gemm_config_for(b.path);
