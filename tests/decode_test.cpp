@@ -23,6 +23,7 @@
 #include "kvhead/attention.hpp"
 #include "kvhead/config.hpp"
 #include "kvhead/kv_cache.hpp"
+#include "tests/cache_blocks.hpp"
 #include "tests/random_values.hpp"
 #include "tests/seeded_layer.hpp"
 #include "tests/thread_sanitizer.hpp"
@@ -242,7 +243,7 @@ using kvhead::engine::kv_cache_internals;
 kvhead::kv_cache make_poisoned_cache(const kvhead::attention_config& config, std::size_t block_size,
                                      std::size_t layers = 1) {
   kvhead::kv_cache cache({layers, config.num_kv_heads, config.head_dim, block_size, 8u << 20});
-  float* pool = kv_cache_internals::block_data(cache, 0);
+  auto* pool = reinterpret_cast<float*>(kv_cache_internals::pool(cache));
   std::fill(pool, pool + cache.total_blocks() * cache.block_bytes() / sizeof(float),
             std::numeric_limits<float>::quiet_NaN());
   return cache;
@@ -258,8 +259,8 @@ std::vector<unsigned char> block_bytes_of(const kvhead::kv_cache& cache, kvhead:
   const std::uint32_t* table = kv_cache_internals::block_table(cache, id, &count);
   std::vector<unsigned char> bytes;
   for (std::size_t b = 0; b < count; ++b) {
-    const auto* data = reinterpret_cast<const unsigned char*>(kv_cache_internals::block_data(cache, table[b]));
-    bytes.insert(bytes.end(), data, data + cache.block_bytes());
+    const std::vector<unsigned char> block = kvhead::tests::block_contents(cache, table[b]);
+    bytes.insert(bytes.end(), block.begin(), block.end());
   }
   return bytes;
 }

@@ -24,6 +24,7 @@
 
 #include "engine/cache/kv_cache_internals.hpp"
 #include "kvhead/kv_cache.hpp"
+#include "tests/cache_blocks.hpp"
 
 namespace {
 
@@ -32,6 +33,7 @@ using kvhead::kv_cache_config;
 using kvhead::kv_cache_error;
 using kvhead::sequence_id;
 using kvhead::engine::kv_cache_internals;
+using kvhead::tests::block_contents;
 
 constexpr std::size_t size_max = std::numeric_limits<std::size_t>::max();
 constexpr std::size_t block_sizes[] = {32, 64, 128, 256};
@@ -57,7 +59,7 @@ std::vector<std::uint32_t> table_of(const kv_cache& cache, sequence_id id) {
 }
 
 std::size_t padded_dim(const kv_cache& cache) {
-  return kv_cache_internals::region_floats(cache) / cache.config().block_size;
+  return kv_cache_internals::region_bytes(cache) / sizeof(float) / cache.config().block_size;
 }
 
 std::size_t regions(const kv_cache& cache) { return 2 * cache.config().num_layers * cache.config().num_kv_heads; }
@@ -72,8 +74,8 @@ float token_value(unsigned tag, std::size_t region, std::size_t position) {
 float* row(kv_cache& cache, std::uint32_t block, std::size_t region, std::size_t slot) {
   const kv_cache_config& config = cache.config();
   const std::size_t layer = region / 2 / config.num_kv_heads, head = region / 2 % config.num_kv_heads;
-  return kv_cache_internals::block_data(cache, block) +
-         kv_cache_internals::region_offset(cache, layer, head, region % 2 == 1) + slot * padded_dim(cache);
+  return reinterpret_cast<float*>(kv_cache_internals::region(cache, block, layer, head, region % 2 == 1)) +
+         slot * padded_dim(cache);
 }
 
 /// Writes positions [from, to) of the sequence, as a kernel would after an append.
@@ -104,7 +106,7 @@ std::size_t mismatches(kv_cache& cache, sequence_id id, const std::vector<unsign
 
 /// Fills every float of the pool with a distinct value.
 void fill_pool(kv_cache& cache) {
-  float* pool = kv_cache_internals::block_data(cache, 0);
+  auto* pool = reinterpret_cast<float*>(kv_cache_internals::pool(cache));
   const std::size_t floats = cache.total_blocks() * cache.block_bytes() / sizeof(float);
   for (std::size_t i = 0; i < floats; ++i) pool[i] = static_cast<float>(i % 8388608);
 }
@@ -127,14 +129,14 @@ snapshot take_snapshot(const kv_cache& cache, const std::vector<sequence_id>& id
     result.blocks_used.push_back(cache.blocks_used(id));
     result.tables.push_back(table_of(cache, id));
   }
-  const auto* pool = reinterpret_cast<const unsigned char*>(kv_cache_internals::block_data(cache, 0));
+  const auto* pool = reinterpret_cast<const unsigned char*>(kv_cache_internals::pool(cache));
   result.pool.assign(pool, pool + cache.total_blocks() * cache.block_bytes());
   return result;
 }
 
 TEST_CASE("kv_cache: block size resolution, block geometry and capacity") {
-  for (const std::size_t block_size : {std::size_t{0}, std::size_t{32}, std::size_t{64}, std::size_t{128},
-                                       std::size_t{256}}) {
+  for (const std::size_t block_size :
+       {std::size_t{0}, std::size_t{32}, std::size_t{64}, std::size_t{128}, std::size_t{256}}) {
     CAPTURE(block_size);
     const std::size_t resolved = block_size == 0 ? kvhead::kv_cache_default_block_size : block_size;
     kv_cache_config config;
@@ -150,7 +152,7 @@ TEST_CASE("kv_cache: block size resolution, block geometry and capacity") {
     CHECK(cache.config().capacity_bytes == config.capacity_bytes);
     CHECK(cache.block_bytes() == block_bytes);
     CHECK(cache.bytes_per_token() == block_bytes / resolved);
-    CHECK(kv_cache_internals::region_floats(cache) == resolved * 64);
+    CHECK(kv_cache_internals::region_bytes(cache) == resolved * 64 * 4);
     CHECK(cache.total_blocks() == 5);
     CHECK(cache.free_blocks() == 5);
     CHECK(cache.free_tokens() == 5 * resolved);
@@ -162,34 +164,75 @@ TEST_CASE("kv_cache: block size resolution, block geometry and capacity") {
   CHECK(one.total_blocks() == 1);
 }
 
-TEST_CASE("kv_cache: block layout: region offsets, contiguous 64-byte aligned blocks") {
+// "Block layout" in kv_cache.hpp: groups of 256 / block_size blocks, each
+// region of a group's blocks side by side; the last group may be short.
+TEST_CASE("kv_cache: block layout: groups of blocks, regions side by side, 64-byte aligned, tiling the pool") {
+  for (const std::size_t block_size : {std::size_t{16}, std::size_t{32}, std::size_t{64}, std::size_t{256}}) {
+    for (const std::size_t blocks : {std::size_t{1}, std::size_t{7}, std::size_t{19}}) {
+      CAPTURE(block_size);
+      CAPTURE(blocks);
+      kv_cache_config config;
+      config.num_layers = 3;
+      config.num_kv_heads = 2;
+      config.head_dim = 64;  // already a multiple of 32
+      config.block_size = block_size;
+      const std::size_t region = block_size * 64 * 4, block_bytes = 2 * 3 * 2 * region;
+      config.capacity_bytes = blocks * block_bytes;
+      kv_cache cache(config);
+      REQUIRE(cache.total_blocks() == blocks);
+      CHECK(kv_cache_internals::region_bytes(cache) == region);
+      CHECK(cache.block_bytes() == block_bytes);
+      const std::size_t group = 256 / block_size;
+      const auto* pool = kv_cache_internals::pool(std::as_const(cache));
+      std::set<std::size_t> offsets;
+      for (std::uint32_t block = 0; block < blocks; ++block) {
+        const std::size_t first = block / group * group, in_group = std::min(group, blocks - first);
+        for (std::size_t layer = 0; layer < 3; ++layer)
+          for (std::size_t head = 0; head < 2; ++head)
+            for (const bool value : {false, true}) {
+              const std::byte* data = kv_cache_internals::region(cache, block, layer, head, value);
+              CHECK(data == kv_cache_internals::region(std::as_const(cache), block, layer, head, value));
+              const std::size_t index = (layer * 2 + head) * 2 + (value ? 1 : 0);
+              const auto offset = static_cast<std::size_t>(data - pool);
+              CHECK(offset == first * block_bytes + (index * in_group + block - first) * region);
+              CHECK(reinterpret_cast<std::uintptr_t>(data) % 64 == 0);
+              offsets.insert(offset);
+            }
+      }
+      // Every region distinct, together exactly the pool.
+      CHECK(offsets.size() == blocks * 12);
+      CHECK(*offsets.rbegin() + region == blocks * block_bytes);
+    }
+  }
+  // A padded head_dim: rows of 32 floats for head_dim 1.
   kv_cache_config config;
   config.num_layers = 3;
   config.num_kv_heads = 2;
-  config.head_dim = 64;  // already a multiple of 32
-  config.block_size = 32;
-  config.capacity_bytes = 4 * (2 * 3 * 2 * 32 * 64 * 4);
-  kv_cache cache(config);
-  const std::size_t region = 32 * 64;
-  CHECK(kv_cache_internals::region_floats(cache) == region);
-  for (std::size_t layer = 0; layer < 3; ++layer)
-    for (std::size_t head = 0; head < 2; ++head) {
-      CHECK(kv_cache_internals::region_offset(cache, layer, head, false) == ((layer * 2 + head) * 2) * region);
-      CHECK(kv_cache_internals::region_offset(cache, layer, head, true) == ((layer * 2 + head) * 2 + 1) * region);
-    }
-  CHECK(kv_cache_internals::region_offset(cache, 2, 1, true) + region == cache.block_bytes() / 4);
-  const float* base = kv_cache_internals::block_data(std::as_const(cache), 0);
-  for (std::uint32_t block = 0; block < cache.total_blocks(); ++block) {
-    float* data = kv_cache_internals::block_data(cache, block);
-    CHECK(data == kv_cache_internals::block_data(std::as_const(cache), block));
-    CHECK(static_cast<std::size_t>(data - base) == block * cache.block_bytes() / 4);
-    CHECK(reinterpret_cast<std::uintptr_t>(data) % 64 == 0);
-  }
-  // A padded head_dim: rows of 32 floats for head_dim 1.
   config.head_dim = 1;
+  config.block_size = 32;
+  config.capacity_bytes = 4 * (2 * 3 * 2 * 32 * 32 * 4);
   const kv_cache padded(config);
-  CHECK(kv_cache_internals::region_floats(padded) == 32 * 32);
+  CHECK(kv_cache_internals::region_bytes(padded) == 32 * 32 * 4);
   CHECK(padded.block_bytes() == 2 * 3 * 2 * 32 * 32 * 4);
+}
+
+// Consecutive blocks stream as one ("Block layout"): a fresh cache hands out
+// blocks in index order, and freed or truncated blocks come back in the
+// order their table held them.
+TEST_CASE("kv_cache: blocks are handed out in index order, and again in table order after free and truncate") {
+  kv_cache cache(small_config(32, 12));
+  const sequence_id a = cache.create(), b = cache.create();
+  cache.append(a, 5 * 32);
+  cache.append(b, 2 * 32);
+  CHECK(table_of(cache, a) == std::vector<std::uint32_t>{0, 1, 2, 3, 4});
+  CHECK(table_of(cache, b) == std::vector<std::uint32_t>{5, 6});
+  cache.free(a);
+  const sequence_id c = cache.create();
+  cache.append(c, 4 * 32);
+  CHECK(table_of(cache, c) == std::vector<std::uint32_t>{0, 1, 2, 3});
+  cache.truncate(c, 1);
+  cache.append(b, 3 * 32);
+  CHECK(table_of(cache, b) == std::vector<std::uint32_t>{5, 6, 1, 2, 3});
 }
 
 TEST_CASE("kv_cache: append, length and blocks_used over block sizes and lengths") {
@@ -198,8 +241,8 @@ TEST_CASE("kv_cache: append, length and blocks_used over block sizes and lengths
     const std::size_t total = 40;  // the lengths below need 27 blocks of 32
     kv_cache cache(small_config(block_size, total));
     REQUIRE(cache.total_blocks() == total);
-    const std::vector<std::size_t> lengths = {1, block_size - 1, block_size, block_size + 1, 2 * block_size,
-                                              2 * block_size + 1, 2, 3, 7, 31, 97, 257};
+    const std::vector<std::size_t> lengths = {
+        1, block_size - 1, block_size, block_size + 1, 2 * block_size, 2 * block_size + 1, 2, 3, 7, 31, 97, 257};
     // One append per length, every sequence alive at once.
     std::vector<sequence_id> ids;
     std::size_t used = 0;
@@ -369,10 +412,7 @@ TEST_CASE("kv_cache: copy-on-write after fork and truncate into a shared block")
     CHECK(table_of(cache, child) == std::vector<std::uint32_t>(parent_table.begin(), parent_table.begin() + 2));
 
     // The child appends into the shared block: it gets a private copy.
-    const std::vector<unsigned char> shared_before(
-        reinterpret_cast<const unsigned char*>(kv_cache_internals::block_data(cache, parent_table[1])),
-        reinterpret_cast<const unsigned char*>(kv_cache_internals::block_data(cache, parent_table[1])) +
-            cache.block_bytes());
+    const std::vector<unsigned char> shared_before = block_contents(cache, parent_table[1]);
     cache.append(child, 5);
     CHECK(cache.free_blocks() == 4);
     const std::vector<std::uint32_t> child_table = table_of(cache, child);
@@ -381,8 +421,7 @@ TEST_CASE("kv_cache: copy-on-write after fork and truncate into a shared block")
     CHECK(child_table[1] != parent_table[1]);
     CHECK(std::find(parent_table.begin(), parent_table.end(), child_table[1]) == parent_table.end());
     // The copy is the whole block, every layer, bitwise.
-    CHECK(std::memcmp(kv_cache_internals::block_data(cache, child_table[1]), shared_before.data(),
-                      cache.block_bytes()) == 0);
+    CHECK(block_contents(cache, child_table[1]) == shared_before);
     write_tokens(cache, child, cut, cut + 5, 2);
     std::vector<unsigned char> child_tags(cut, 1);
     child_tags.resize(cut + 5, 2);
@@ -397,8 +436,7 @@ TEST_CASE("kv_cache: copy-on-write after fork and truncate into a shared block")
     CHECK(mismatches(cache, parent, parent_tags) == 0);
     CHECK(mismatches(cache, child, child_tags) == 0);
     // The parent's shared block 1 is untouched by the child's writes.
-    CHECK(std::memcmp(kv_cache_internals::block_data(cache, parent_table[1]), shared_before.data(),
-                      cache.block_bytes()) == 0);
+    CHECK(block_contents(cache, parent_table[1]) == shared_before);
 
     // Both fill their blocks and grow: still independent.
     const std::size_t child_more = 2 * block_size;
@@ -499,7 +537,9 @@ TEST_CASE("kv_cache: every error leaves the cache exactly as before") {
     const sequence_id next = cache.create();  // ids are not consumed by errors
     CHECK(next == d + 1);
   }
-  SUBCASE("append of 0 tokens") { refused([&] { cache.append(a, 0); }); }
+  SUBCASE("append of 0 tokens") {
+    refused([&] { cache.append(a, 0); });
+  }
   SUBCASE("length overflow") {
     refused([&] { cache.append(a, size_max); });
     refused([&] { cache.append(a, size_max - 69); });
@@ -656,8 +696,7 @@ TEST_CASE("kv_cache: written-up-to marks are kept by append and lowered by trunc
 // Debug builds (NDEBUG not defined) fill a block with NaN when its last
 // reference goes (free, truncate, the source of a copy-on-write); release
 // builds leave it as it was. Blocks still held are never touched.
-TEST_CASE("kv_cache: a debug build poisons blocks returning to the pool with NaN" *
-          doctest::test_suite("isolation")) {
+TEST_CASE("kv_cache: a debug build poisons blocks returning to the pool with NaN" * doctest::test_suite("isolation")) {
 #ifdef NDEBUG
   CHECK_FALSE(kv_cache_internals::poisons_freed_blocks());
 #else
@@ -666,9 +705,13 @@ TEST_CASE("kv_cache: a debug build poisons blocks returning to the pool with NaN
   const bool poisons = kv_cache_internals::poisons_freed_blocks();
   kv_cache cache(small_config(32, 6));
   const auto all = [&](std::uint32_t block, bool nan) {
-    const float* data = kv_cache_internals::block_data(std::as_const(cache), block);
-    return std::all_of(data, data + cache.block_bytes() / sizeof(float),
-                       [&](float value) { return std::isnan(value) == nan; });
+    const std::vector<unsigned char> bytes = block_contents(cache, block);
+    for (std::size_t at = 0; at < bytes.size(); at += sizeof(float)) {
+      float value = 0;
+      std::memcpy(&value, bytes.data() + at, sizeof value);
+      if (std::isnan(value) != nan) return false;
+    }
+    return true;
   };
   const sequence_id a = cache.create();
   cache.append(a, 70);
@@ -677,14 +720,14 @@ TEST_CASE("kv_cache: a debug build poisons blocks returning to the pool with NaN
   const sequence_id b = cache.fork(a);
   cache.truncate(a, 40);  // block 2 still held by b
   CHECK(all(table[2], false));
-  cache.free(b);          // now block 2's last reference goes
+  cache.free(b);  // now block 2's last reference goes
   CHECK(all(table[2], poisons));
   CHECK(all(table[0], false));
-  cache.append(a, 1);     // in place: block 1 is a's alone
+  cache.append(a, 1);  // in place: block 1 is a's alone
   const sequence_id c = cache.fork(a);
-  cache.append(c, 1);     // copy-on-write: the source keeps a's reference
+  cache.append(c, 1);  // copy-on-write: the source keeps a's reference
   CHECK(all(table[1], false));
-  cache.free(a);          // block 1's last reference goes; block 0 is c's still
+  cache.free(a);  // block 1's last reference goes; block 0 is c's still
   CHECK(all(table[1], poisons));
   CHECK(mismatches(cache, c, std::vector<unsigned char>(41, 1)) == 0);
 }

@@ -46,8 +46,8 @@ class cache_kv_source final : public kv_chunk_source {
                   simd_path path)
       : cache_(cache),
         table_(table),
-        key_offset_(kv_cache_internals::region_offset(cache, layer, kv_head, false) * sizeof(float)),
-        value_offset_(kv_cache_internals::region_offset(cache, layer, kv_head, true) * sizeof(float)),
+        layer_(layer),
+        kv_head_(kv_head),
         scales_offset_(kv_cache_internals::scales_offset(cache)),
         block_size_(cache.config().block_size),
         head_dim_(cache.config().head_dim),
@@ -58,15 +58,14 @@ class cache_kv_source final : public kv_chunk_source {
   std::size_t segment_keys() const override { return block_size_; }
 
   kv_segment segment(std::size_t chunk, std::size_t index) const override {
-    const auto* block = reinterpret_cast<const std::byte*>(
-        kv_cache_internals::block_data(cache_, table_[chunk * (kv_chunk / block_size_) + index]));
-    kv_segment view{{block + key_offset_, head_dim_, block_size_, path_, dtype_},
-                    {block + value_offset_, block_size_, head_dim_, path_, dtype_},
-                    {}};
+    const std::uint32_t block = table_[chunk * (kv_chunk / block_size_) + index];
+    const std::byte* key = kv_cache_internals::region(cache_, block, layer_, kv_head_, false);
+    const std::byte* value = kv_cache_internals::region(cache_, block, layer_, kv_head_, true);
+    kv_segment view{{key, head_dim_, block_size_, path_, dtype_}, {value, block_size_, head_dim_, path_, dtype_}, {}};
     view.key_row_stride = narrow_key_row_stride_;
     if (dtype_ == kv_dtype::int8) {
-      view.key_scales = reinterpret_cast<const float*>(block + key_offset_ + scales_offset_);
-      view.value_scales = reinterpret_cast<const float*>(block + value_offset_ + scales_offset_);
+      view.key_scales = reinterpret_cast<const float*>(key + scales_offset_);
+      view.value_scales = reinterpret_cast<const float*>(value + scales_offset_);
     }
     return view;
   }
@@ -74,7 +73,7 @@ class cache_kv_source final : public kv_chunk_source {
  private:
   const kv_cache& cache_;
   const std::uint32_t* table_;
-  std::size_t key_offset_, value_offset_, scales_offset_;  // bytes
+  std::size_t layer_, kv_head_, scales_offset_;  // scales_offset_: bytes
   std::size_t block_size_, head_dim_, narrow_key_row_stride_;
   simd_path path_;
   kv_dtype dtype_;
@@ -165,13 +164,12 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
   tbb::parallel_for(std::size_t{0}, batch.size() * kv_heads, [&](std::size_t task) {
     const cached_rows& e = batch[task / kv_heads];
     const std::size_t kv_head = task % kv_heads;
-    const std::size_t key_offset = kv_cache_internals::region_offset(cache, layer, kv_head, false) * sizeof(float);
-    const std::size_t value_offset = kv_cache_internals::region_offset(cache, layer, kv_head, true) * sizeof(float);
     for (std::size_t position = e.past; position < e.length; ++position) {
-      auto* block = reinterpret_cast<std::byte*>(kv_cache_internals::block_data(cache, e.table[position / block_size]));
+      const std::uint32_t block = e.table[position / block_size];
       const std::size_t row = e.row0 + position - e.past;
-      write(block + key_offset, block + value_offset, scales_offset, config, block_size, narrow_key_row_stride,
-            head_dim, position % block_size, k + row * row_stride + kv_head * head_dim,
+      write(kv_cache_internals::region(cache, block, layer, kv_head, false),
+            kv_cache_internals::region(cache, block, layer, kv_head, true), scales_offset, config, block_size,
+            narrow_key_row_stride, head_dim, position % block_size, k + row * row_stride + kv_head * head_dim,
             v + row * row_stride + kv_head * head_dim);
     }
   });

@@ -1,6 +1,10 @@
 // The paged KV cache: a block pool, reference counts, a LIFO free list and a
 // table of sequences (include/kvhead/kv_cache.hpp has the contract).
 //
+// Block order. The free list is a stack, and truncate and free push a
+// table's blocks last first: the next appends take them back in their old
+// order, so consecutive blocks stay consecutive ("Block layout").
+//
 // Locking. One mutex guards the sequence map, the reference counts, the free
 // list and the id counter. A sequence's own fields (length, block table) are
 // touched only by calls naming that sequence, which the contract forbids to
@@ -144,9 +148,11 @@ struct kv_cache::impl {
   };
 
   kv_cache_config config;
-  std::size_t region_bytes = 0;   // one K or V region ("Block layout")
-  std::size_t scales_offset = 0;  // int8: byte offset of a region's scales
-  std::size_t block_bytes = 0;    // 2 * num_layers * num_kv_heads * region_bytes
+  std::size_t region_bytes = 0;       // one K or V region ("Block layout")
+  std::size_t scales_offset = 0;      // int8: byte offset of a region's scales
+  std::size_t block_bytes = 0;        // regions_per_block * region_bytes
+  std::size_t regions_per_block = 0;  // 2 * num_layers * num_kv_heads
+  std::size_t group_blocks = 0;       // blocks per group: kv_group_tokens / block_size ("Block layout")
   std::size_t total_blocks = 0;
   engine::float_storage pool;
 
@@ -185,7 +191,7 @@ struct kv_cache::impl {
     assert(references[block] > 0);
     if (--references[block] != 0) return;
     if constexpr (poison_freed_blocks)  // all-ones bytes: NaN as f32, bf16 and f16, and as int8 blocks' fp32 scales
-      std::memset(this->block(block), 0xff, block_bytes);
+      for (std::size_t r = 0; r < regions_per_block; ++r) std::memset(region(block, r), 0xff, region_bytes);
     free_list.push_back(block);  // within capacity: never allocates
   }
 
@@ -197,9 +203,15 @@ struct kv_cache::impl {
     table.reserve(std::max(entries, std::min(grown, total_blocks)));
   }
 
-  float* block(std::uint32_t index) const {
-    assert(index < total_blocks);
-    return pool.get() + index * (block_bytes / sizeof(float));
+  /// Region `region` ((layer * num_kv_heads + kv_head) * 2 + value) of
+  /// block `index`: in the block's group, the group's blocks hold that
+  /// region side by side ("Block layout" in kv_cache.hpp).
+  std::byte* region(std::uint32_t index, std::size_t region) const {
+    assert(index < total_blocks && region < regions_per_block);
+    const std::size_t first = index / group_blocks * group_blocks;  // the group's first block
+    const std::size_t blocks_in_group = std::min(group_blocks, total_blocks - first);
+    return reinterpret_cast<std::byte*>(pool.get()) + first * block_bytes +
+           (region * blocks_in_group + (index - first)) * region_bytes;
   }
 };
 
@@ -208,6 +220,8 @@ kv_cache::impl::impl(const kv_cache_config& requested) : config(validated(reques
   region_bytes = layout.region_bytes;
   scales_offset = layout.scales_offset;
   block_bytes = layout.block_bytes;
+  regions_per_block = block_bytes / region_bytes;
+  group_blocks = engine::kv_group_tokens / config.block_size;
 
   total_blocks = config.capacity_bytes / block_bytes;
   if (total_blocks == 0)
@@ -292,7 +306,8 @@ void kv_cache::append(sequence_id id, std::size_t tokens) {
   sequence.length = new_length;
   if (copy) {
     lock.unlock();
-    std::memcpy(cache.block(target), cache.block(shared), cache.block_bytes);
+    for (std::size_t r = 0; r < cache.regions_per_block; ++r)
+      std::memcpy(cache.region(target, r), cache.region(shared, r), cache.region_bytes);
     lock.lock();
     cache.release(shared);
   }
@@ -335,7 +350,7 @@ void kv_cache::truncate(sequence_id id, std::size_t length) {
                          " is below its dropped positions (0 to " + std::to_string(dropped - 1) +
                          ", kv_cache::drop_outside_window)");
   const std::size_t entries = ceil_div(length, cache.config.block_size);
-  for (std::size_t i = entries; i < sequence.blocks.size(); ++i) cache.release(sequence.blocks[i]);
+  for (std::size_t i = sequence.blocks.size(); i > entries; --i) cache.release(sequence.blocks[i - 1]);
   sequence.blocks.resize(entries);  // shrinks: keeps the capacity
   sequence.length = length;
   for (std::size_t& written : sequence.written) written = std::min(written, length);
@@ -346,7 +361,8 @@ void kv_cache::free(sequence_id id) {
   std::unique_lock lock(cache.mutex);
   cache.find(id, "free");
   auto node = cache.sequences.extract(id);
-  for (const std::uint32_t block : node.mapped().blocks) cache.release(block);
+  const std::vector<std::uint32_t>& blocks = node.mapped().blocks;
+  for (auto block = blocks.rbegin(); block != blocks.rend(); ++block) cache.release(*block);
   lock.unlock();
   // node (and its table) is destroyed here, outside the lock.
 }
@@ -432,21 +448,24 @@ void kv_cache_internals::set_written(kv_cache& cache, sequence_id sequence, std:
 
 bool kv_cache_internals::poisons_freed_blocks() { return poison_freed_blocks; }
 
-float* kv_cache_internals::block_data(kv_cache& cache, std::uint32_t block) { return cache.impl_->block(block); }
+std::byte* kv_cache_internals::pool(kv_cache& cache) { return reinterpret_cast<std::byte*>(cache.impl_->pool.get()); }
 
-const float* kv_cache_internals::block_data(const kv_cache& cache, std::uint32_t block) {
-  return cache.impl_->block(block);
+const std::byte* kv_cache_internals::pool(const kv_cache& cache) {
+  return reinterpret_cast<const std::byte*>(cache.impl_->pool.get());
 }
 
-std::size_t kv_cache_internals::region_floats(const kv_cache& cache) {
-  return cache.impl_->region_bytes / sizeof(float);
-}
+std::size_t kv_cache_internals::region_bytes(const kv_cache& cache) { return cache.impl_->region_bytes; }
 
-std::size_t kv_cache_internals::region_offset(const kv_cache& cache, std::size_t layer, std::size_t kv_head,
-                                              bool value) {
+std::byte* kv_cache_internals::region(kv_cache& cache, std::uint32_t block, std::size_t layer, std::size_t kv_head,
+                                      bool value) {
   const kv_cache_config& config = cache.impl_->config;
   assert(layer < config.num_layers && kv_head < config.num_kv_heads);
-  return ((layer * config.num_kv_heads + kv_head) * 2 + (value ? 1 : 0)) * region_floats(cache);
+  return cache.impl_->region(block, (layer * config.num_kv_heads + kv_head) * 2 + (value ? 1 : 0));
+}
+
+const std::byte* kv_cache_internals::region(const kv_cache& cache, std::uint32_t block, std::size_t layer,
+                                            std::size_t kv_head, bool value) {
+  return region(const_cast<kv_cache&>(cache), block, layer, kv_head, value);
 }
 
 std::size_t kv_cache_internals::scales_offset(const kv_cache& cache) { return cache.impl_->scales_offset; }

@@ -4,11 +4,10 @@
 //
 // Addressing one token: for sequence s of length L and position p < L,
 //   table = block_table(cache, s, &count);          // count = ceil(L / block_size)
-//   float* block = block_data(cache, table[p / block_size]);
-//   float* k = block + region_offset(cache, layer, kv_head, false);  // K region
-//   float* v = block + region_offset(cache, layer, kv_head, true);   // V region
-// each region being region_floats(cache) floats (region_bytes of the "Block
-// layout" in kv_cache.hpp, a multiple of 64 bytes), 64-byte aligned, holding
+//   std::byte* k = region(cache, table[p / block_size], layer, kv_head, false);  // K region
+//   std::byte* v = region(cache, table[p / block_size], layer, kv_head, true);   // V region
+// each region being region_bytes(cache) bytes ("Block layout" in
+// kv_cache.hpp, a multiple of 64), 64-byte aligned, holding
 // elements of cache.dtype(); for int8 the region's block_size fp32 scales
 // start scales_offset(cache) bytes into it. The layout inside a region is the
 // kernels' choice, within the layout contract below.
@@ -70,6 +69,14 @@ constexpr std::size_t kv_narrow_key_row_stride(std::size_t nr, std::size_t block
 }
 static_assert((kv_min_block_size & (kv_min_block_size - 1)) == 0 && kv_min_block_size <= kv_max_block_size);
 
+/// Tokens per group of blocks: the pool stores blocks in groups of
+/// kv_group_tokens / block_size consecutive indices, and within a group
+/// each (layer, kv head, K or V) region of its blocks side by side. A run of
+/// consecutive blocks then reads as one stream per region (the prefetchers
+/// stop at a gap), whatever the block size ("Block layout" in kv_cache.hpp).
+inline constexpr std::size_t kv_group_tokens = 256;
+static_assert(kv_group_tokens % kv_max_block_size == 0, "a group holds whole blocks of every size");
+
 /// A block table entry whose block was dropped (kv_cache::drop_outside_window):
 /// never a block index (a pool has at most 2^32 - 1 blocks, checked at creation).
 inline constexpr std::uint32_t dropped_block = UINT32_MAX;
@@ -97,14 +104,16 @@ struct kv_cache_internals {
   /// (builds without NDEBUG).
   static bool poisons_freed_blocks();
 
-  /// Start of block `block` (< total_blocks()): block_bytes() / 4 floats.
-  static float* block_data(kv_cache& cache, std::uint32_t block);
-  static const float* block_data(const kv_cache& cache, std::uint32_t block);
-  /// Floats per K or V region: block_size * round_up(head_dim, 32).
-  static std::size_t region_floats(const kv_cache& cache);
-  /// Float offset within a block of the K (value == false) or V region of
-  /// (layer, kv_head): ((layer * num_kv_heads + kv_head) * 2 + value) * region_floats.
-  static std::size_t region_offset(const kv_cache& cache, std::size_t layer, std::size_t kv_head, bool value);
+  /// The pool: total_blocks() * block_bytes() bytes, 64-byte aligned.
+  static std::byte* pool(kv_cache& cache);
+  static const std::byte* pool(const kv_cache& cache);
+  /// Bytes of one K or V region (region_bytes of "Block layout").
+  static std::size_t region_bytes(const kv_cache& cache);
+  /// The K (value == false) or V region of (layer, kv_head) in block `block`
+  /// (< total_blocks()): region_bytes bytes, 64-byte aligned.
+  static std::byte* region(kv_cache& cache, std::uint32_t block, std::size_t layer, std::size_t kv_head, bool value);
+  static const std::byte* region(const kv_cache& cache, std::uint32_t block, std::size_t layer, std::size_t kv_head,
+                                 bool value);
   /// int8: byte offset, within a region, of its fp32 scales (one per token slot).
   static std::size_t scales_offset(const kv_cache& cache);
 };
