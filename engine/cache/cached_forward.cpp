@@ -164,13 +164,16 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
   tbb::parallel_for(std::size_t{0}, batch.size() * kv_heads, [&](std::size_t task) {
     const cached_rows& e = batch[task / kv_heads];
     const std::size_t kv_head = task % kv_heads;
+    std::byte *key = nullptr, *value = nullptr;  // the regions of the block holding `position`
     for (std::size_t position = e.past; position < e.length; ++position) {
-      const std::uint32_t block = e.table[position / block_size];
+      if (key == nullptr || position % block_size == 0) {
+        const std::uint32_t block = e.table[position / block_size];
+        key = kv_cache_internals::region(cache, block, layer, kv_head, false);
+        value = kv_cache_internals::region(cache, block, layer, kv_head, true);
+      }
       const std::size_t row = e.row0 + position - e.past;
-      write(kv_cache_internals::region(cache, block, layer, kv_head, false),
-            kv_cache_internals::region(cache, block, layer, kv_head, true), scales_offset, config, block_size,
-            narrow_key_row_stride, head_dim, position % block_size, k + row * row_stride + kv_head * head_dim,
-            v + row * row_stride + kv_head * head_dim);
+      write(key, value, scales_offset, config, block_size, narrow_key_row_stride, head_dim, position % block_size,
+            k + row * row_stride + kv_head * head_dim, v + row * row_stride + kv_head * head_dim);
     }
   });
 }
