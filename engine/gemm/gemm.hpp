@@ -108,7 +108,8 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float 
 /// page i is a packed operand of its own (packed_b_view layout, `page` rows
 /// x n, or k x `page` columns) at pages[i], anywhere in memory, all of one
 /// element type: the blocks of a KV cache read as one operand, in one call.
-/// Column pages narrower than whole NR panels run one call per page.
+/// Column pages need not be whole NR panels: a page's last panel may be
+/// narrower (zero-padded in memory), all in one call.
 /// narrow_row_stride (column pages of fewer than NR columns only): nonzero
 /// when each page is instead one narrow panel, row r of it at r *
 /// narrow_row_stride elements (>= page; a KV cache's 16-key blocks on a
