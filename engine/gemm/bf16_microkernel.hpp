@@ -113,7 +113,8 @@ void gemm_bf16_with(const bf16_kernels& kernels, gemm_shape shape, gemm_operand 
 // The paged kernel of the avx512bf16 unit (bf16 attention: q kᵀ and p v,
 // gemm_bf16_paged in gemm_bf16.hpp), over a B that some other layer packed:
 //
-//   C[0:rows, 0:cols] := alpha * acc         acc as in avx512bf16 above
+//   C[0:rows, 0:cols] := alpha * acc         acc as in avx512bf16 above,
+//                                            from C's values when accumulate
 //
 // A        bf16 rows: row r, k at a[r * a_row_stride + k] (a_row_stride
 //          even, each row zero past the depth up to a whole pair).
@@ -127,6 +128,8 @@ void gemm_bf16_with(const bf16_kernels& kernels, gemm_shape shape, gemm_operand 
 //          and written.
 // Pairs of k: (2q, 2q + 1) from the first row, the last one completed by a
 // zero row when the depth is odd; the order of the sum is avx512bf16's.
+// accumulate (alpha 1): each acc starts from C's value instead of 0, so
+// that a sum over the pages of several calls has the bits of one call.
 struct bf16_paged_params {
   const bf16_bits* a;
   std::size_t a_row_stride;
@@ -135,6 +138,7 @@ struct bf16_paged_params {
   float alpha;
   float* c;
   std::size_t ldc;
+  bool accumulate = false;
 };
 
 using bf16_paged_function = void (*)(const bf16_paged_params&);

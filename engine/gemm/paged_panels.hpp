@@ -58,6 +58,15 @@ inline std::size_t paged_row_stride(const paged_b_view& b) {
   return b.narrow_row_stride != 0 ? b.narrow_row_stride : paged_panel_columns;
 }
 
+/// Row 0 of the 32-column panel from column `col` (a multiple of 32) of
+/// page `page` of `b` (along k: of b.page rows x b.n; else of b.k x b.page,
+/// col within the page), in b's packed_b layout of NR 32 (one panel per
+/// narrow page: col 0).
+inline const void* paged_panel(const paged_b_view& b, std::size_t page, std::size_t col) {
+  const std::size_t page_k = b.along_k ? b.page : b.k;
+  return static_cast<const std::byte*>(b.pages[page]) + col * std::min(gemm_kc, page_k) * element_bytes(b.element);
+}
+
 /// For each 32-column panel of the first k rows and n columns of `b`, in
 /// column order: panel(rows_of_panel, page_rows, col, cols) with the panel's
 /// row 0 in each page along k (or in its column page: one page of k rows),
@@ -66,24 +75,18 @@ inline std::size_t paged_row_stride(const paged_b_view& b) {
 /// pages (one panel each, row stride b.narrow_row_stride: paged_row_stride).
 template <class Panel>
 void for_each_paged_panel(const paged_b_view& b, std::size_t k, std::size_t n, Panel&& panel) {
-  const gemm_config config = gemm_config_for(b.path);
-  const std::size_t bytes = element_bytes(b.element);
-  auto panel_in = [&](const void* page, std::size_t page_k, std::size_t page_n, std::size_t col) {
-    return static_cast<const void*>(static_cast<const std::byte*>(page) +
-                                    pack_b_offset(config, page_k, page_n, 0, col) * bytes);
-  };
   const void* rows_of_panel[max_pages_along_k];
   if (b.along_k) {
     const std::size_t pages = ceil_div(k, b.page);  // <= max_pages_along_k: the drivers check
     for (std::size_t col = 0; col < n; col += paged_panel_columns) {
-      for (std::size_t page = 0; page < pages; ++page) rows_of_panel[page] = panel_in(b.pages[page], b.page, b.n, col);
+      for (std::size_t page = 0; page < pages; ++page) rows_of_panel[page] = paged_panel(b, page, col);
       panel(static_cast<const void* const*>(rows_of_panel), b.page, col, std::min(paged_panel_columns, n - col));
     }
     return;
   }
   for (std::size_t page = 0, page_col = 0; page_col < n; ++page, page_col += b.page)
     for (std::size_t col = 0; col < std::min(b.page, n - page_col); col += paged_panel_columns) {
-      rows_of_panel[0] = panel_in(b.pages[page], b.k, b.page, col);
+      rows_of_panel[0] = paged_panel(b, page, col);
       panel(static_cast<const void* const*>(rows_of_panel), std::max<std::size_t>(k, 1), page_col + col,
             std::min({paged_panel_columns, b.page - col, n - page_col - col}));
     }
