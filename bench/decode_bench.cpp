@@ -11,9 +11,9 @@
 //   S1_decode_gqa_<dtype>/threads:<t>, S4_decode_mqa_<dtype>/threads:<t>,
 //   S5_decode_ragged16_<dtype>/threads:<t>  the same over a cache of dtype
 //       bf16, f16 or int8 (the names without a dtype are f32);
-//   decode_block_size/block:<b>/threads:1, decode_block_size_bf16/...  S1
-//       over f32 (bf16) caches of block size b (every block size is read in
-//       place).
+//   decode_block_size/block:<b>/threads:1, decode_block_size_<dtype>/...  S1
+//       over f32 (bf16, f16, int8) caches of block size b (every block size
+//       is read in place).
 // Counters: gbps = K/V bytes read per call (stored elements, plus int8's
 // scales), gflops = 4 H d (past + 1), and pct_dram, except S4 (each K/V byte
 // serves 32 query heads): pct_peak, of the FMA peak, over a bf16 or int8
@@ -92,7 +92,7 @@ constexpr kvhead::kv_dtype dtypes[] = {kvhead::kv_dtype::f32, kvhead::kv_dtype::
                                        kvhead::kv_dtype::int8};
 
 const bool registered = [] {
-  for (const kvhead::kv_dtype dtype : {kvhead::kv_dtype::f32, kvhead::kv_dtype::bf16}) {
+  for (const kvhead::kv_dtype dtype : dtypes) {
     auto* bench =
         benchmark::RegisterBenchmark(dtype_name("decode_block_size", dtype).c_str(), decode_block_size, dtype);
     bench->ArgNames({"block", "threads"})->UseRealTime();

@@ -59,6 +59,11 @@ static_assert(std::uint64_t{gemm_kc} * 255 * int8_quantum <= std::uint64_t{std::
 /// written. The int8 A kernels read a panel's rows 32 bytes apart
 /// (b_row_stride 32; the narrow ones, for a narrow panel of 16 columns, 16
 /// bytes apart) and whole rows, columns past `cols` included.
+/// carry (int16 A only, null otherwise): the int32 sums of a product whose
+/// pages run over several calls, in the kernel's own layout: with carry_in the sums start from it instead of 0; with
+/// carry_out they are left in it and C is not written. Integer sums are
+/// exact, so the bits are those of one call over all the pages. A tile's
+/// carry is rows x 32 int32.
 struct int8_paged_params {
   const void* a;
   std::size_t a_row_stride;
@@ -69,6 +74,8 @@ struct int8_paged_params {
   float alpha;
   float* c;
   std::size_t ldc;
+  std::int32_t* carry = nullptr;
+  bool carry_in = false, carry_out = false;
 };
 using int8_paged_function = void (*)(const int8_paged_params&);
 

@@ -59,7 +59,9 @@ void int16_a_kernel(const int8_paged_params& params) {
   static_assert(Rows <= vnni_mr);
   __m512i acc[Rows][2];
 #pragma GCC unroll 16
-  for (std::size_t row = 0; row < Rows; ++row) acc[row][0] = acc[row][1] = _mm512_setzero_si512();
+  for (std::size_t row = 0; row < Rows; ++row)
+    for (std::size_t v = 0; v < 2; ++v)
+      acc[row][v] = params.carry_in ? _mm512_loadu_si512(params.carry + (2 * row + v) * 16) : _mm512_setzero_si512();
   const __mmask32 lanes = first_lanes(params.cols);
   const auto* const a_rows = static_cast<const std::int16_t*>(params.a);
   auto step = [&](const __m512i pairs[2], const std::int16_t* a) {
@@ -86,6 +88,12 @@ void int16_a_kernel(const int8_paged_params& params) {
       load_pairs(b + k * stride, nullptr, lanes, pairs);
       step(pairs, a_rows + row0 + k);
     }
+  }
+  if (params.carry_out) {  // the accumulators as they are (their lane order is this kernel's)
+#pragma GCC unroll 16
+    for (std::size_t row = 0; row < Rows; ++row)
+      for (std::size_t v = 0; v < 2; ++v) _mm512_storeu_si512(params.carry + (2 * row + v) * 16, acc[row][v]);
+    return;
   }
   const auto low = __mmask16(lanes), high = __mmask16(lanes >> 16);
 #pragma GCC unroll 16

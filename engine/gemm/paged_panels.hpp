@@ -67,6 +67,20 @@ inline const void* paged_panel(const paged_b_view& b, std::size_t page, std::siz
   return static_cast<const std::byte*>(b.pages[page]) + col * std::min(gemm_kc, page_k) * element_bytes(b.element);
 }
 
+/// For a b paged along k, pages outermost (a single row block's walk: each
+/// page's panels, contiguous in it, read as one stream before the next
+/// page): panel(rows_of_panel, row0, rows, col, cols) for each page, from
+/// row row0 of k with `rows` of them, and each of its panels in column
+/// order (rows_of_panel: that page's rows of the panel only).
+template <class Panel>
+void for_each_page_and_panel(const paged_b_view& b, std::size_t k, std::size_t n, Panel&& panel) {
+  for (std::size_t page = 0, row0 = 0; row0 < k; ++page, row0 += b.page)
+    for (std::size_t col = 0; col < n; col += paged_panel_columns) {
+      const void* const rows_of_panel = paged_panel(b, page, col);
+      panel(&rows_of_panel, row0, std::min(b.page, k - row0), col, std::min(paged_panel_columns, n - col));
+    }
+}
+
 /// For each 32-column panel of the first k rows and n columns of `b`, in
 /// column order: panel(rows_of_panel, page_rows, col, cols) with the panel's
 /// row 0 in each page along k (or in its column page: one page of k rows),
