@@ -38,10 +38,13 @@ void emulated_paged(const bf16_paged_params& params) {
   for (std::size_t row = 0; row < Rows; ++row)
     for (std::size_t col = 0; col < params.cols; ++col) {
       const bf16_bits* a = params.a + row * params.a_row_stride;
-      float acc = params.accumulate ? params.c[row * params.ldc + col] : 0.0f;
+      float acc = params.carry_in ? params.carry[row * 32 + col] : 0.0f;  // the carry in column order
       for (std::size_t k = 0; k < params.depth; k += 2)
         acc = emulate_vdpbf16ps(acc, a[k], a[k + 1], b_element(k, col), b_element(k + 1, col));
-      params.c[row * params.ldc + col] = params.alpha * acc;
+      if (params.carry_out)
+        params.carry[row * 32 + col] = acc;
+      else
+        params.c[row * params.ldc + col] = params.alpha * acc;
     }
 }
 

@@ -113,8 +113,7 @@ void gemm_bf16_with(const bf16_kernels& kernels, gemm_shape shape, gemm_operand 
 // The paged kernel of the avx512bf16 unit (bf16 attention: q kᵀ and p v,
 // gemm_bf16_paged in gemm_bf16.hpp), over a B that some other layer packed:
 //
-//   C[0:rows, 0:cols] := alpha * acc         acc as in avx512bf16 above,
-//                                            from C's values when accumulate
+//   C[0:rows, 0:cols] := alpha * acc         acc as in avx512bf16 above
 //
 // A        bf16 rows: row r, k at a[r * a_row_stride + k] (a_row_stride
 //          even, each row zero past the depth up to a whole pair).
@@ -128,8 +127,10 @@ void gemm_bf16_with(const bf16_kernels& kernels, gemm_shape shape, gemm_operand 
 //          and written.
 // Pairs of k: (2q, 2q + 1) from the first row, the last one completed by a
 // zero row when the depth is odd; the order of the sum is avx512bf16's.
-// accumulate (alpha 1): each acc starts from C's value instead of 0, so
-// that a sum over the pages of several calls has the bits of one call.
+// carry: the fp32 sums of a product whose pages run over several calls, in
+// the kernel's own layout (rows x 32 floats): with carry_in the sums start
+// from it instead of 0; with carry_out they are left in it and C is not
+// written. The sums go on exactly as in one call over all the pages.
 struct bf16_paged_params {
   const bf16_bits* a;
   std::size_t a_row_stride;
@@ -138,7 +139,8 @@ struct bf16_paged_params {
   float alpha;
   float* c;
   std::size_t ldc;
-  bool accumulate = false;
+  float* carry = nullptr;
+  bool carry_in = false, carry_out = false;
 };
 
 using bf16_paged_function = void (*)(const bf16_paged_params&);

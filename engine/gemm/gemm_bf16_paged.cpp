@@ -40,21 +40,25 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
   kernels.convert_rows(a.data, a.ld, m, k, a_rows, a_ld);
   const bf16_paged_function* const by_rows = kernels.by_element[static_cast<std::size_t>(b.element)];
   const std::size_t mr = kernels.mr;
-  if (b.along_k && k > b.page && m <= mr && alpha == 1.0f) {
+  if (b.along_k && k > b.page && m <= mr) {
     // One row block over several row pages (a decode step's p v over a
     // cache's blocks): the pages outermost, each page's panels (contiguous
-    // in it) read as one stream before the next page. Each column's sum runs
-    // on from page to page through C (accumulate, alpha 1: stored and
-    // reloaded exactly), so the bits are those of the panel-major walk.
+    // in it) read as one stream before the next page; each tile's sums run
+    // on from page to page in `carry`, so the bits are those of the
+    // panel-major walk.
     // Measured on Zen 4 (S1's geometry, bf16 cache, block 16, 6
     // alternations): panel-major 1.83-1.99 ms (median 1.88), page-major
     // 1.49-2.05 (median 1.63).
+    const std::size_t panels = ceil_div(n, paged_panel_columns), tile_floats = m * paged_panel_columns;
+    scratch_lease carry(panels * tile_floats);
     for_each_page_and_panel(
         b, k, n,
         [&](const void* const* rows_of_panel, std::size_t row0, std::size_t rows, std::size_t col, std::size_t cols) {
           bf16_paged_params params{a_rows + row0,       a_ld, rows_of_panel, b.page,  rows,
-                                   paged_row_stride(b), cols, 1.0f,          c + col, ldc};
-          params.accumulate = row0 > 0;
+                                   paged_row_stride(b), cols, alpha,         c + col, ldc};
+          params.carry = carry.data() + col / paged_panel_columns * tile_floats;
+          params.carry_in = row0 > 0;
+          params.carry_out = row0 + rows < k;
           by_rows[m - 1](params);
         });
     return;

@@ -147,8 +147,8 @@ void load_pairs(const Element* even, const Element* odd, __mmask16 low, __mmask1
 // The lane order of a row's accumulators, as load_pairs leaves it: for bf16
 // (unpacked within 128-bit lanes) lane 4 L + j of acc[0] holds column 8 L + j
 // and of acc[1] column 8 L + 4 + j (L < 4, j < 4); memory order otherwise.
-// reorder_lanes(to_memory) puts them back in column order (vector v: columns
-// [16 v, 16 v + 16)).
+// to_memory_order puts them back in column order (vector v: columns
+// [16 v, 16 v + 16)); a carry keeps them as they are.
 struct lane_index {
   alignas(64) std::uint32_t lane[16];
 };
@@ -160,27 +160,15 @@ constexpr lane_index memory_columns(std::uint32_t first_column) {
   }
   return index;
 }
-// The inverse (C into the lanes, for accumulate): lane 4 L + j of acc[v]
-// takes column 8 L + 4 v + j.
-constexpr lane_index lane_columns(std::uint32_t vector) {
-  lane_index index{};
-  for (std::uint32_t lane = 0; lane < 16; ++lane) index.lane[lane] = 8 * (lane / 4) + 4 * vector + lane % 4;
-  return index;
-}
-struct lane_order {
-  lane_index first, second;  // the new acc[0] and acc[1], as vpermt2ps indices over (acc[0], acc[1])
-};
-constexpr lane_order to_memory = {memory_columns(0), memory_columns(16)};
-constexpr lane_order from_memory = {lane_columns(0), lane_columns(1)};
+constexpr lane_index memory_first = memory_columns(0), memory_second = memory_columns(16);
 
-// acc of one row put in `order` (bf16 over 32 columns only: the other
-// loads leave memory order).
+// bf16 over 32 columns only: the other loads leave memory order.
 template <class Element, std::size_t Vectors>
-void reorder_lanes(__m512 acc[Vectors], const lane_order& order) {
+void to_memory_order(__m512 acc[Vectors]) {
   if constexpr (std::is_same_v<Element, bf16_bits> && Vectors == 2) {
-    const __m512 first = acc[0], second = acc[1];
-    acc[0] = _mm512_permutex2var_ps(first, _mm512_load_si512(order.first.lane), second);
-    acc[1] = _mm512_permutex2var_ps(first, _mm512_load_si512(order.second.lane), second);
+    const __m512 low = acc[0], high = acc[1];
+    acc[0] = _mm512_permutex2var_ps(low, _mm512_load_si512(memory_first.lane), high);
+    acc[1] = _mm512_permutex2var_ps(low, _mm512_load_si512(memory_second.lane), high);
   }
 }
 
@@ -192,12 +180,9 @@ void paged_tile(const bf16_paged_params& params) {
   const __mmask32 lanes = first_lanes(cols);
   const auto low = __mmask16(lanes), high = __mmask16(lanes >> 16);
 #pragma GCC unroll 16
-  for (std::size_t row = 0; row < Rows; ++row) {
+  for (std::size_t row = 0; row < Rows; ++row)
     for (std::size_t v = 0; v < Vectors; ++v)
-      acc[row][v] = params.accumulate ? _mm512_maskz_loadu_ps(v == 0 ? low : high, params.c + row * params.ldc + 16 * v)
-                                      : _mm512_setzero_ps();
-    if (params.accumulate) reorder_lanes<Element, Vectors>(acc[row], from_memory);
-  }
+      acc[row][v] = params.carry_in ? _mm512_loadu_ps(params.carry + (2 * row + v) * 16) : _mm512_setzero_ps();
   auto step = [&](const __m512i pairs[Vectors], const bf16_bits* a) {
 #pragma GCC unroll 16
     for (std::size_t row = 0; row < Rows; ++row) {
@@ -223,10 +208,16 @@ void paged_tile(const bf16_paged_params& params) {
       step(pairs, params.a + row0 + k);
     }
   }
+  if (params.carry_out) {  // the accumulators as they are (in this kernel's lane order)
+#pragma GCC unroll 16
+    for (std::size_t row = 0; row < Rows; ++row)
+      for (std::size_t v = 0; v < Vectors; ++v) _mm512_storeu_ps(params.carry + (2 * row + v) * 16, acc[row][v]);
+    return;
+  }
   const __m512 alpha = _mm512_set1_ps(params.alpha);
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < Rows; ++row) {
-    reorder_lanes<Element, Vectors>(acc[row], to_memory);
+    to_memory_order<Element, Vectors>(acc[row]);
     float* c = params.c + row * params.ldc;
     for (std::size_t v = 0; v < Vectors; ++v)
       _mm512_mask_storeu_ps(c + 16 * v, v == 0 ? low : high, _mm512_mul_ps(alpha, acc[row][v]));
