@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "engine/gemm/bf16_microkernel.hpp"
+#include "engine/gemm/panel_row_loads.hpp"
 
 namespace kvhead::engine {
 namespace {
@@ -104,43 +105,47 @@ constexpr interleave_index interleave(std::uint16_t first, std::uint16_t second)
 }
 constexpr interleave_index halves = interleave(0, 16);
 
-// The first `count` of 32 lanes (all of them from 32 on): column edges of a
-// panel and of a converted row.
-inline __mmask32 first_lanes(std::size_t count) { return count >= 32 ? ~__mmask32{0} : (__mmask32{1} << count) - 1; }
+using panel_rows::first_lanes;
 
-// The columns of `mask` (of 16) of one B row, the rest zero: as 16 bf16
-// (the two even and odd rows of a pair, [even | odd], rounded to nearest
-// even from f32 and f16).
-inline __m512 load_16(const float* row, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, row); }
-inline __m512 load_16(const f16_bits* row, __mmask16 mask) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, row));
+// The columns of `mask` (of 16) of one B row, the rest zero (Whole: all 16,
+// panel_row_loads.hpp): as 16 bf16 (the two even and odd rows of a pair,
+// [even | odd], rounded to nearest even from f32 and f16).
+template <bool Whole>
+__m512 load_16(const float* row, __mmask16 mask) {
+  return panel_rows::load_floats<Whole>(row, mask);
 }
-template <class Element>
+template <bool Whole>
+__m512 load_16(const f16_bits* row, __mmask16 mask) {
+  return _mm512_cvtph_ps(panel_rows::load_words<Whole>(row, mask));
+}
+template <class Element, bool Whole>
 __m512i even_odd_16(const Element* even, const Element* odd, __mmask16 mask) {
   if constexpr (std::is_same_v<Element, bf16_bits>) {
-    const __m256i odd_row = odd != nullptr ? _mm256_maskz_loadu_epi16(mask, odd) : _mm256_setzero_si256();
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi16(mask, even)), odd_row, 1);
+    const __m256i odd_row = odd != nullptr ? panel_rows::load_words<Whole>(odd, mask) : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(panel_rows::load_words<Whole>(even, mask)), odd_row, 1);
   } else {
-    const __m512 odd_row = odd != nullptr ? load_16(odd, mask) : _mm512_setzero_ps();
-    return (__m512i)_mm512_cvtne2ps_pbh(odd_row, load_16(even, mask));
+    const __m512 odd_row = odd != nullptr ? load_16<Whole>(odd, mask) : _mm512_setzero_ps();
+    return (__m512i)_mm512_cvtne2ps_pbh(odd_row, load_16<Whole>(even, mask));
   }
 }
 
 // Rows `even` and `odd` (null: a zero row) of a B panel as the pairs of
-// columns 0-15 and, with Vectors 2, 16-31.
-template <class Element, std::size_t Vectors>
+// columns 0-15 and, with Vectors 2, 16-31 (Whole: all 16 * Vectors columns
+// present, plain loads).
+template <class Element, std::size_t Vectors, bool Whole>
 void load_pairs(const Element* even, const Element* odd, __mmask16 low, __mmask16 high, __m512i pairs[Vectors]) {
   if constexpr (std::is_same_v<Element, bf16_bits> && Vectors == 2) {
     const __mmask32 mask = __mmask32(low) | (__mmask32(high) << 16);
-    const __m512i even_row = _mm512_maskz_loadu_epi16(mask, even);
-    const __m512i odd_row = odd != nullptr ? _mm512_maskz_loadu_epi16(mask, odd) : _mm512_setzero_si512();
+    const __m512i even_row = panel_rows::load_words<Whole>(even, mask);
+    const __m512i odd_row = odd != nullptr ? panel_rows::load_words<Whole>(odd, mask) : _mm512_setzero_si512();
     pairs[0] = _mm512_unpacklo_epi16(even_row, odd_row);
     pairs[1] = _mm512_unpackhi_epi16(even_row, odd_row);
   } else {
     const __m512i interleave = _mm512_load_si512(halves.lane);
     for (std::size_t v = 0; v < Vectors; ++v)
       pairs[v] = _mm512_permutexvar_epi16(
-          interleave, even_odd_16(even + 16 * v, odd != nullptr ? odd + 16 * v : nullptr, v == 0 ? low : high));
+          interleave,
+          even_odd_16<Element, Whole>(even + 16 * v, odd != nullptr ? odd + 16 * v : nullptr, v == 0 ? low : high));
   }
 }
 
@@ -172,8 +177,9 @@ void to_memory_order(__m512 acc[Vectors]) {
   }
 }
 
-// Vectors: 2 (32 columns) or 1 (at most 16).
-template <class Element, std::size_t Rows, std::size_t Vectors>
+// Vectors: 2 (32 columns) or 1 (at most 16); Whole: all 16 * Vectors
+// columns present.
+template <class Element, std::size_t Rows, std::size_t Vectors, bool Whole>
 void paged_tile(const bf16_paged_params& params) {
   __m512 acc[Rows][Vectors];
   const std::size_t cols = params.cols;
@@ -200,11 +206,11 @@ void paged_tile(const bf16_paged_params& params) {
     __m512i pairs[Vectors];
     std::size_t k = 0;
     for (; k + 1 < rows; k += 2) {
-      load_pairs<Element, Vectors>(b + k * stride, b + (k + 1) * stride, low, high, pairs);
+      load_pairs<Element, Vectors, Whole>(b + k * stride, b + (k + 1) * stride, low, high, pairs);
       step(pairs, params.a + row0 + k);
     }
     if (k < rows) {  // the last row: its pair's odd row is zero
-      load_pairs<Element, Vectors>(b + k * stride, nullptr, low, high, pairs);
+      load_pairs<Element, Vectors, Whole>(b + k * stride, nullptr, low, high, pairs);
       step(pairs, params.a + row0 + k);
     }
   }
@@ -226,8 +232,10 @@ void paged_tile(const bf16_paged_params& params) {
 
 template <class Element, std::size_t Rows>
 void paged_kernel(const bf16_paged_params& params) {
-  if (params.cols <= 16) return paged_tile<Element, Rows, 1>(params);
-  paged_tile<Element, Rows, 2>(params);
+  if (params.cols < 16) return paged_tile<Element, Rows, 1, false>(params);
+  if (params.cols == 16) return paged_tile<Element, Rows, 1, true>(params);
+  if (params.cols < 32) return paged_tile<Element, Rows, 2, false>(params);
+  paged_tile<Element, Rows, 2, true>(params);
 }
 
 template <class Element, std::size_t... Index>

@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "engine/gemm/gemm_int8.hpp"
+#include "engine/gemm/panel_row_loads.hpp"
 
 namespace kvhead::engine {
 namespace {
@@ -40,21 +41,22 @@ namespace {
 // (objdump).
 constexpr std::size_t vnni_mr = 12;
 
-// The first `count` of 32 lanes (all of them from 32 on).
-inline __mmask32 first_lanes(std::size_t count) { return count >= 32 ? ~__mmask32{0} : (__mmask32{1} << count) - 1; }
+using panel_rows::first_lanes;
 
 // Rows `even` and `odd` (null: a zero row) of a B panel, columns [0, 32)
 // where `lanes` says, as int16 pairs: in-lane byte interleaves (vpunpck*bw,
 // 256-bit) then sign extension, so pairs[0] holds columns 0-7 and 16-23 and
 // pairs[1] columns 8-15 and 24-31 (the kernel puts C back in order once).
-inline void load_pairs(const std::int8_t* even, const std::int8_t* odd, __mmask32 lanes, __m512i pairs[2]) {
-  const __m256i even_row = _mm256_maskz_loadu_epi8(lanes, even);
-  const __m256i odd_row = odd != nullptr ? _mm256_maskz_loadu_epi8(lanes, odd) : _mm256_setzero_si256();
+// Whole: all 32 columns present, plain loads (panel_row_loads.hpp).
+template <bool Whole>
+void load_pairs(const std::int8_t* even, const std::int8_t* odd, __mmask32 lanes, __m512i pairs[2]) {
+  const __m256i even_row = panel_rows::load_bytes<Whole>(even, lanes);
+  const __m256i odd_row = odd != nullptr ? panel_rows::load_bytes<Whole>(odd, lanes) : _mm256_setzero_si256();
   pairs[0] = _mm512_cvtepi8_epi16(_mm256_unpacklo_epi8(even_row, odd_row));
   pairs[1] = _mm512_cvtepi8_epi16(_mm256_unpackhi_epi8(even_row, odd_row));
 }
 
-template <std::size_t Rows>
+template <std::size_t Rows, bool Whole>
 void int16_a_kernel(const int8_paged_params& params) {
   static_assert(Rows <= vnni_mr);
   __m512i acc[Rows][2];
@@ -81,11 +83,11 @@ void int16_a_kernel(const int8_paged_params& params) {
     __m512i pairs[2];
     std::size_t k = 0;
     for (; k + 1 < rows; k += 2) {
-      load_pairs(b + k * stride, b + (k + 1) * stride, lanes, pairs);
+      load_pairs<Whole>(b + k * stride, b + (k + 1) * stride, lanes, pairs);
       step(pairs, a_rows + row0 + k);
     }
     if (k < rows) {  // the last row: its pair's odd row is zero
-      load_pairs(b + k * stride, nullptr, lanes, pairs);
+      load_pairs<Whole>(b + k * stride, nullptr, lanes, pairs);
       step(pairs, a_rows + row0 + k);
     }
   }
@@ -200,7 +202,7 @@ enum class paged_variant { int16_a, int8_a, int8_a_narrow };
 template <paged_variant Variant, std::size_t Rows>
 void paged_kernel(const int8_paged_params& params) {
   if constexpr (Variant == paged_variant::int16_a)
-    int16_a_kernel<Rows>(params);
+    params.cols >= 32 ? int16_a_kernel<Rows, true>(params) : int16_a_kernel<Rows, false>(params);
   else
     int8_a_kernel<Rows, Variant == paged_variant::int8_a ? 32 : 16>(params);
 }
