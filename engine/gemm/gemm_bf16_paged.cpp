@@ -49,18 +49,13 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
     // Measured on Zen 4 (S1's geometry, bf16 cache, block 16, 6
     // alternations): panel-major 1.83-1.99 ms (median 1.88), page-major
     // 1.49-2.05 (median 1.63).
-    const std::size_t panels = ceil_div(n, paged_panel_columns), tile_floats = m * paged_panel_columns;
-    scratch_lease carry(panels * tile_floats);
-    for_each_page_and_panel(
-        b, k, n,
-        [&](const void* const* rows_of_panel, std::size_t row0, std::size_t rows, std::size_t col, std::size_t cols) {
-          bf16_paged_params params{a_rows + row0,       a_ld, rows_of_panel, b.page,  rows,
-                                   paged_row_stride(b), cols, alpha,         c + col, ldc};
-          params.carry = carry.data() + col / paged_panel_columns * tile_floats;
-          params.carry_in = row0 > 0;
-          params.carry_out = row0 + rows < k;
-          by_rows[m - 1](params);
-        });
+    for_each_page_and_panel<float>(b, k, n, m,
+                                   [&](const void* const* rows_of_panel, std::size_t row0, std::size_t rows,
+                                       std::size_t col, std::size_t cols, page_carry<float> carry) {
+                                     by_rows[m - 1]({a_rows + row0, a_ld, rows_of_panel, b.page, rows,
+                                                     paged_row_stride(b), cols, alpha, c + col, ldc, carry.sums,
+                                                     carry.in, carry.out});
+                                   });
     return;
   }
   for_each_paged_panel(b, k, n,

@@ -154,28 +154,13 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
     // does; each tile's int32 sums run on from page to page in `carry`.
     // Measured on Zen 4 (S1's geometry, int8 cache, 4 alternations): block
     // 16 1.61-2.01 ms -> 1.30-1.63, block 32 1.43-1.59 -> 1.16-1.67.
-    const std::size_t panels = ceil_div(n, paged_panel_columns), tile_ints = m * paged_panel_columns;
-    scratch_lease carry_storage(panels * tile_ints);
-    auto* const carry = reinterpret_cast<std::int32_t*>(carry_storage.data());
-    for_each_page_and_panel(
-        b, k, n,
-        [&](const void* const* rows_of_panel, std::size_t row0, std::size_t rows, std::size_t col, std::size_t cols) {
-          int8_paged_params params{static_cast<const std::int16_t*>(a_rows) + row0,
-                                   a_ld,
-                                   a_scales,
-                                   a_sums,
-                                   rows_of_panel,
-                                   b.page,
-                                   rows,
-                                   paged_row_stride(b),
-                                   cols,
-                                   alpha,
-                                   c + col,
-                                   ldc};
-          params.carry = carry + col / paged_panel_columns * tile_ints;
-          params.carry_in = row0 > 0;
-          params.carry_out = row0 + rows < k;
-          by_rows[m - 1](params);
+    for_each_page_and_panel<std::int32_t>(
+        b, k, n, m,
+        [&](const void* const* rows_of_panel, std::size_t row0, std::size_t rows, std::size_t col, std::size_t cols,
+            page_carry<std::int32_t> carry) {
+          by_rows[m - 1]({static_cast<const std::int16_t*>(a_rows) + row0, a_ld, a_scales, a_sums, rows_of_panel,
+                          b.page, rows, paged_row_stride(b), cols, alpha, c + col, ldc, carry.sums, carry.in,
+                          carry.out});
         });
     return;
   }

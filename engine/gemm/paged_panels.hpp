@@ -9,6 +9,7 @@
 
 #include "engine/arch/kernel_config.hpp"
 #include "engine/arch/require.hpp"
+#include "engine/arch/scratch.hpp"
 #include "engine/gemm/driver_support.hpp"
 #include "engine/gemm/gemm.hpp"
 #include "engine/gemm/pack.hpp"
@@ -67,17 +68,37 @@ inline const void* paged_panel(const paged_b_view& b, std::size_t page, std::siz
   return static_cast<const std::byte*>(b.pages[page]) + col * std::min(gemm_kc, page_k) * element_bytes(b.element);
 }
 
-/// For a b paged along k, pages outermost (a single row block's walk: each
-/// page's panels, contiguous in it, read as one stream before the next
-/// page): panel(rows_of_panel, row0, rows, col, cols) for each page, from
-/// row row0 of k with `rows` of them, and each of its panels in column
-/// order (rows_of_panel: that page's rows of the panel only).
-template <class Panel>
-void for_each_page_and_panel(const paged_b_view& b, std::size_t k, std::size_t n, Panel&& panel) {
+/// Where a tile's sums wait between the calls of for_each_page_and_panel:
+/// `sums` (the kernel's tile, in its own layout), with `in` the sums go on
+/// from it, with `out` they are left in it (the product's last page not yet
+/// reached) and C is not written.
+template <class Sum>
+struct page_carry {
+  Sum* sums;
+  bool in, out;
+};
+
+/// For a b paged along k, pages outermost (a single row block of
+/// `tile_rows` rows: each page's panels, contiguous in it, read as one
+/// stream before the next page): panel(rows_of_panel, row0, rows, col,
+/// cols, carry) for each page, from row row0 of k with `rows` of them, and
+/// each of its panels in column order (rows_of_panel: that page's rows of
+/// the panel only). Each panel's tile_rows x 32 sums (fp32 or int32) are
+/// carried from page to page in a scratch leased here, so the sums run in
+/// the order of one call over all the pages.
+template <class Sum, class Panel>
+void for_each_page_and_panel(const paged_b_view& b, std::size_t k, std::size_t n, std::size_t tile_rows,
+                             Panel&& panel) {
+  static_assert(sizeof(Sum) == sizeof(float), "the carry lives in a scratch of floats");
+  const std::size_t tile_sums = tile_rows * paged_panel_columns;
+  scratch_lease storage(ceil_div(n, paged_panel_columns) * tile_sums);
+  Sum* const sums = reinterpret_cast<Sum*>(storage.data());
   for (std::size_t page = 0, row0 = 0; row0 < k; ++page, row0 += b.page)
     for (std::size_t col = 0; col < n; col += paged_panel_columns) {
       const void* const rows_of_panel = paged_panel(b, page, col);
-      panel(&rows_of_panel, row0, std::min(b.page, k - row0), col, std::min(paged_panel_columns, n - col));
+      const std::size_t rows = std::min(b.page, k - row0);
+      panel(&rows_of_panel, row0, rows, col, std::min(paged_panel_columns, n - col),
+            page_carry<Sum>{sums + col / paged_panel_columns * tile_sums, row0 > 0, row0 + rows < k});
     }
 }
 
