@@ -34,6 +34,7 @@ cpu_info synthetic_cpu(const char* vendor, unsigned family, std::size_t l2_bytes
 // The CPUs this project's machines have been seen with, and one that reports no caches.
 const cpu_info zen3 = synthetic_cpu("AuthenticAMD", 0x19, 512 << 10, 32 << 20, 2);
 const cpu_info zen4 = synthetic_cpu("AuthenticAMD", 0x19, 1 << 20, 32 << 20, 8);
+const cpu_info zen5 = synthetic_cpu("AuthenticAMD", 0x1a, 1 << 20, 32 << 20, 8);
 const cpu_info xeon = synthetic_cpu("GenuineIntel", 6, 2 << 20, 105 << 20, 112);
 const cpu_info silent = synthetic_cpu("", 0, 0, 0, 1);
 
@@ -60,20 +61,25 @@ TEST_CASE("host_cpu reads the vendor, family and caches the OS reports") {
 
 TEST_CASE("each CPU kind gets its row, every path has a row for any CPU") {
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, zen4).name) == "avx512-zen4");
+  CHECK(std::string(kernel_config_row_for(simd_path::avx512, zen5).name) == "avx512-zen5");
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, xeon).name) == "avx512-2x512");
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, silent).name) == "avx512-2x512");
-  for (const cpu_info* cpu : {&zen3, &zen4, &xeon, &silent}) {
+  for (const cpu_info* cpu : {&zen3, &zen4, &zen5, &xeon, &silent}) {
     CHECK(std::string(kernel_config_row_for(simd_path::avx2, *cpu).name) == "avx2");
     CHECK(std::string(kernel_config_row_for(simd_path::sse2, *cpu).name) == "sse2");
   }
   CHECK(cpu_matches(cpu_class::amd_zen4, zen4));
   CHECK_FALSE(cpu_matches(cpu_class::amd_zen4, xeon));
+  CHECK_FALSE(cpu_matches(cpu_class::amd_zen4, zen5));
+  CHECK(cpu_matches(cpu_class::amd_zen5, zen5));
+  CHECK_FALSE(cpu_matches(cpu_class::amd_zen5, zen4));
+  CHECK_FALSE(cpu_matches(cpu_class::amd_zen5, xeon));
   CHECK(std::string(kvhead::kernel_config_name()) == kernel_config_for(kvhead::active_simd_path()).row->name);
 }
 
 TEST_CASE("cache blocks follow the caches: A block within its share of L2, B block within L3, whole panels") {
   for (const kernel_config_row& row : kernel_config_rows) {
-    for (const cpu_info* cpu : {&zen3, &zen4, &xeon, &silent}) {
+    for (const cpu_info* cpu : {&zen3, &zen4, &zen5, &xeon, &silent}) {
       CAPTURE(row.name);
       CAPTURE(cpu->l2_bytes);
       const kernel_config config = resolve_kernel_config(row, *cpu);

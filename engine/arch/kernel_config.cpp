@@ -75,6 +75,8 @@ bool cpu_matches(cpu_class wanted, const cpu_info& cpu) {
       return true;
     case cpu_class::amd_zen4:
       return cpu.is_amd() && cpu.family == 0x19;
+    case cpu_class::amd_zen5:
+      return cpu.is_amd() && cpu.family == 0x1a;
   }
   return false;
 }
@@ -85,6 +87,8 @@ const char* to_string(cpu_class wanted) {
       return "any CPU";
     case cpu_class::amd_zen4:
       return "AMD family 0x19 (Zen 4 when it has AVX-512)";
+    case cpu_class::amd_zen5:
+      return "AMD family 0x1a (Zen 5)";
   }
   return "unknown";
 }

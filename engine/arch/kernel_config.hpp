@@ -33,6 +33,7 @@ inline constexpr std::size_t gemm_kc = 256;
 enum class cpu_class {
   any,           // every CPU that runs the row's path
   amd_zen4,      // AMD family 0x19 with AVX-512: 512-bit FMAs split over two 256-bit pipes
+  amd_zen5,      // AMD family 0x1a: two full 512-bit FMA pipes
 };
 
 struct kernel_config_row {
@@ -42,32 +43,44 @@ struct kernel_config_row {
   std::size_t mr, nr;         // GEMM register tile: MR rows of A x NR columns of B
   std::size_t a_block_share;  // MC x KC of packed A takes 1 / a_block_share of L2
   std::size_t attention_rows;  // stacked query rows per attention tile (a multiple of MR)
-  const char* why;             // the tile, the share and the rows, measured where stated
+  // How far ahead, in bytes, the paged kernels (the bf16 and int8 attention
+  // products over K/V as a cache stores them, NR 32 paths only) prefetch the
+  // panel rows they stream; 0: none, the hardware prefetchers alone.
+  std::size_t paged_prefetch_bytes;
+  const char* why;  // the tile, the share, the rows and the prefetch, measured where stated
 };
 
 inline constexpr kernel_config_row kernel_config_rows[] = {
-    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120,
+    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0,
      "Zen 4 splits each 512-bit FMA over its two 256-bit pipes (16 fp32 FMAs per cycle). 32 zmm: "
      "12 x 32 = 24 accumulators + 2 B vectors + 1 broadcast = 27 live; 24 chains cover the 4-cycle "
      "latency; 14 x 32 (31 live) measured no faster. The 32 KiB B micro-panel streams from L2 "
      "(64 B/cycle, twice what the kernel reads); 86% of FMA peak at 1024^3 (round 1, Zen 4). "
      "Attention tiles of 120 rows: 120 x 256 scores (120 KiB) with the chunk's K and V (256 KiB "
-     "at head_dim 128) in a 1 MiB L2."},
-    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120,
+     "at head_dim 128) in a 1 MiB L2. No paged prefetch: one line per row pair, 32 or 96 rows ahead, "
+     "measured no faster in the bf16 kernel (the whole step ahead, as on Zen 5, not measured here)."},
+    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192,
+     "Zen 5: two full 512-bit FMA pipes (32 fp32 FMAs per cycle), 48 KiB L1d, 1 MiB L2; the tile, "
+     "blocks and attention tiles of avx512-2x512 (below), measured here: 81-89% of FMA peak at 1024^3; "
+     "an A block of 1/8 to 3/4 of L2 and NC 1024 to 4096 within the noise of the default; attention "
+     "tiles of 60, 120 and 240 rows within 2% on S2 and S3. Paged prefetch 8 KiB ahead: a decode step "
+     "over a compressed cache keeps too few bytes in flight for DRAM's latency (bf16 rows of 64 B per "
+     "2 vdpbf16ps per query row), and the rows of every step prefetched 8 KiB ahead took S1 over a bf16 "
+     "cache from 0.56-0.59 to 0.44-0.46 ms and S5 from 5.3 to 4.2 ms (4 and 12 KiB: less; 2026-12-03)."},
+    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0,
      "Two full 512-bit FMA ports (Intel Xeon, AMD Zen 5): 32 fp32 FMAs per cycle, 4-cycle latency, "
      "so at least 8 independent chains; 12 x 32 keeps 24 (BLIS's skx sgemm, 32 x 12 transposed) "
      "with 14 loads per 24 FMAs, within two load ports. The 32 KiB B micro-panel fits a 48 KiB L1d. "
-     "Attention tiles of 120 rows. Measured on Zen 5 (family 0x1a, 1 MiB L2, 2026-12-03): 81-89% of FMA "
-     "peak at 1024^3; an A block of 1/8 to 3/4 of L2 and NC 1024 to 4096 within the noise of the default; "
-     "attention tiles of 60, 120 and 240 rows within 2% on S2 and S3."},
-    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120,
+     "Attention tiles of 120 rows (measured on Zen 5, avx512-zen5 above). No paged prefetch: not measured "
+     "on an Intel Xeon (KVHEAD_CONFIG=avx512-zen5 runs the same tile with it)."},
+    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0,
      "AVX2 + FMA, two 256-bit FMA pipes (Intel Haswell on, AMD Zen 1-4): 16 ymm: 6 x 16 = 12 "
      "accumulators + 2 B vectors + 1 broadcast = 15 live (BLIS's haswell sgemm); 12 chains cover "
      "4-cycle latency x 2 pipes (needs 8); 8 loads per 12 FMAs. B micro-panel 16 KiB, half of L1d. "
      "On Zen 3 an A block of a quarter of L2 measured no faster than half. Attention tiles of 120 "
      "rows: 60, 120 and 240 measured within 2% on S2 and S3 (Zen 3, 512 KiB L2); fewer rows re-read "
      "each chunk's K and V more often, more spill the scores from L2."},
-    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120,
+    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0,
      "SSE2 (no FMA): 16 xmm: 6 x 8 = 12 accumulators + 2 B + 1 broadcast + 1 product temporary = 16. "
      "B micro-panel 8 KiB. Attention tiles of 120 rows, as for AVX2."},
 };
@@ -77,6 +90,12 @@ static_assert([] {
     if (row.attention_rows == 0 || row.attention_rows % row.mr != 0) return false;
   return true;
 }(), "attention tiles are whole MR panels: no short row edge in their GEMMs");
+
+static_assert([] {
+  for (const kernel_config_row& row : kernel_config_rows)
+    if (row.paged_prefetch_bytes % 64 != 0 || (row.paged_prefetch_bytes != 0 && row.nr != 32)) return false;
+  return true;
+}(), "paged prefetch distances are whole cache lines, and only NR 32 paths have paged kernels");
 
 /// The largest MR x NR of any row (edge tiles are kept on the stack).
 inline constexpr std::size_t max_tile_floats = [] {

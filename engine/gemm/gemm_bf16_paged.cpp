@@ -39,7 +39,7 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
   auto* const a_rows = reinterpret_cast<bf16_bits*>(a_storage.data());
   kernels.convert_rows(a.data, a.ld, m, k, a_rows, a_ld);
   const bf16_paged_function* const by_rows = kernels.by_element[static_cast<std::size_t>(b.element)];
-  const std::size_t mr = kernels.mr;
+  const std::size_t mr = kernels.mr, prefetch_bytes = kernel_config_for(b.path).row->paged_prefetch_bytes;
   if (b.along_k && k > b.page && m <= mr) {
     // One row block over several row pages (a decode step's p v over a
     // cache's blocks): the pages outermost, each page's panels (contiguous
@@ -54,7 +54,7 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
                                        std::size_t col, std::size_t cols, page_carry<float> carry) {
                                      by_rows[m - 1]({a_rows + row0, a_ld, rows_of_panel, b.page, rows,
                                                      paged_row_stride(b), cols, alpha, c + col, ldc, carry.sums,
-                                                     carry.in, carry.out});
+                                                     carry.in, carry.out, prefetch_bytes});
                                    });
     return;
   }
@@ -63,7 +63,8 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
                          for (std::size_t row0 = 0; row0 < m; row0 += mr) {
                            const std::size_t rows = std::min(mr, m - row0);
                            by_rows[rows - 1]({a_rows + row0 * a_ld, a_ld, rows_of_panel, page_rows, k,
-                                              paged_row_stride(b), cols, alpha, c + row0 * ldc + col, ldc});
+                                              paged_row_stride(b), cols, alpha, c + row0 * ldc + col, ldc, nullptr,
+                                              false, false, prefetch_bytes});
                          }
                        });
 }

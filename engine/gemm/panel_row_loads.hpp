@@ -10,6 +10,12 @@
 // 19.6 against 45.6; masked 32-bit loads at the plain rate): with every row of
 // a decode step's K and V panels masked, S1 over a bf16 cache took 1.53 ms
 // against f32's 0.96.
+//
+// The loads are prefetched (prefetch_ahead) as far ahead as the CPU's row of
+// kernel_config.hpp says: a step of a decode product reads few bytes per
+// instruction (a bf16 row pair is 128 bytes for 2 vdpbf16ps per query row),
+// so the out-of-order window alone keeps too few lines in flight to cover
+// DRAM's latency.
 #pragma once
 
 #include <immintrin.h>
@@ -40,6 +46,17 @@ template <bool Whole>
 [[gnu::always_inline]] inline __m256i load_bytes(const void* row, __mmask32 mask) {
   if constexpr (Whole) return _mm256_loadu_si256(static_cast<const __m256i*>(row));
   else return _mm256_maskz_loadu_epi8(mask, row);
+}
+
+/// Prefetches the `bytes` of a step's panel rows (contiguous from `rows`)
+/// `distance` bytes ahead, a line at a time: the rows of a later step of the
+/// same panel, or of the panels after it in its page (kernel_config_row::
+/// paged_prefetch_bytes; distance 0: nothing). A prefetch never faults, so
+/// one past the page's end only fetches a line for nothing.
+[[gnu::always_inline]] inline void prefetch_ahead(const void* rows, std::size_t bytes, std::size_t distance) {
+  if (distance == 0) return;
+  const char* const ahead = static_cast<const char*>(rows) + distance;
+  for (std::size_t line = 0; line < bytes; line += 64) __builtin_prefetch(ahead + line);
 }
 
 /// 16 floats.
