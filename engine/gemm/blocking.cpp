@@ -63,7 +63,8 @@ gemm_config gemm_config_for(simd_path path) {
                        tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::panel),
                        tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::wide),
                        tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::half),
-                       row_stream_kernels<Arch>::row_streams()};
+                       row_stream_kernels<Arch>::row_streams(),
+                       machine.row->paged_prefetch_bytes};
   });
 }
 

@@ -25,8 +25,9 @@
 //          prefetch): row k of it (both cache lines of a 128-byte fp32 row of
 //          32) is prefetched at step k, so while this tile computes
 //          the next one's B streams in from memory, also across pages of a
-//          paged operand that the hardware prefetchers cannot follow. A hint
-//          only: it never changes a result.
+//          paged operand that the hardware prefetchers cannot follow; or this
+//          panel's own rows a fixed distance ahead in its page (a decode
+//          step's stream, gemm.cpp). A hint only: it never changes a result.
 // Arithmetic, fixed on each path: acc = 0; for k in order: acc = fma(a, b, acc)
 // (mul then add on sse2); then C = alpha * acc + beta * C. Every element of the
 // tile gets exactly this sequence, whatever its row or column, so a row of C
