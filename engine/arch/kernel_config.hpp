@@ -9,6 +9,7 @@
 // that orders a reduction. MR, NR, MC and NC only decide which elements are
 // computed together, never the order of any sum (engine/gemm/gemm.hpp), so on
 // one SIMD path every configuration — and so every CPU — gives the same bits.
+// The paged prefetch distance is a hint to the memory system only.
 //
 // Choice. The first row of the active path whose CPU class matches this CPU;
 // the environment variable KVHEAD_CONFIG=<name> forces a row by name (its path
