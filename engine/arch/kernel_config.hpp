@@ -44,9 +44,10 @@ struct kernel_config_row {
   std::size_t mr, nr;         // GEMM register tile: MR rows of A x NR columns of B
   std::size_t a_block_share;  // MC x KC of packed A takes 1 / a_block_share of L2
   std::size_t attention_rows;  // stacked query rows per attention tile (a multiple of MR)
-  // How far ahead, in bytes, the paged kernels (the bf16 and int8 attention
-  // products over K/V as a cache stores them, NR 32 paths only) prefetch the
-  // panel rows they stream; 0: none, the hardware prefetchers alone.
+  // How far ahead, in bytes, a decode step's products over a paged B (K/V as
+  // a cache stores them: the bf16 and int8 paged kernels, and the fp32 GEMM
+  // under a single A panel) prefetch the panel rows they stream; 0: none,
+  // the hardware prefetchers alone.
   std::size_t paged_prefetch_bytes;
   const char* why;  // the tile, the share, the rows and the prefetch, measured where stated
 };
@@ -94,9 +95,9 @@ static_assert([] {
 
 static_assert([] {
   for (const kernel_config_row& row : kernel_config_rows)
-    if (row.paged_prefetch_bytes % 64 != 0 || (row.paged_prefetch_bytes != 0 && row.nr != 32)) return false;
+    if (row.paged_prefetch_bytes % 64 != 0) return false;
   return true;
-}(), "paged prefetch distances are whole cache lines, and only NR 32 paths have paged kernels");
+}(), "paged prefetch distances are whole cache lines");
 
 /// The largest MR x NR of any row (edge tiles are kept on the stack).
 inline constexpr std::size_t max_tile_floats = [] {
