@@ -201,6 +201,45 @@ TEST_CASE("gemm determinism: a row of C is bit-identical for any m, thread count
   }
 }
 
+TEST_CASE("gemm: A read in place or packed gives the same bits (kernel_config_row::a_in_place_panels)") {
+  // Every path, whatever this CPU's row says: A packed unless one panel,
+  // against A read in place for every shape; M over several panels with the
+  // split remainder (engine/gemm/gemm.cpp), A rows padded, k over two KC
+  // blocks, 1 and 2 threads.
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    CAPTURE(to_string(path));
+    gemm_config packed = gemm_config_for(path), in_place = packed;
+    packed.a_in_place_panels = 0;
+    in_place.a_in_place_panels = std::size_t(-1);
+    std::mt19937 generator(11);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    const std::size_t mr = packed.mr, nr = packed.nr, kc = packed.kc;
+    for (const gemm_shape shape : {gemm_shape{2 * mr + 1, 3 * nr + 5, 2 * kc + 3}, gemm_shape{10 * mr, 8 * nr, 128},
+                                   gemm_shape{5 * mr + mr / 2 + 1, nr - 1, 7}, gemm_shape{mr + 1, 1, kc}}) {
+      CAPTURE(shape.m);
+      CAPTURE(shape.n);
+      CAPTURE(shape.k);
+      const std::size_t lda = shape.k + 5;
+      std::vector<float> a(shape.m * lda), b(shape.k * shape.n);
+      for (float& x : a) x = uniform(generator);
+      for (float& x : b) x = uniform(generator);
+      auto run = [&](const gemm_config& config, int threads) {
+        std::vector<float> c(shape.m * shape.n);
+        tbb::task_arena arena(threads);
+        arena.execute([&] {
+          gemm(shape, 0.75f, {a.data(), lda, transpose::no}, {b.data(), shape.n, transpose::no}, 0.0f, c.data(),
+               shape.n, config);
+        });
+        return c;
+      };
+      const std::vector<float> reference = run(packed, 1);
+      CHECK(run(in_place, 1) == reference);
+      CHECK(run(in_place, 2) == reference);
+      CHECK(run(packed, 2) == reference);
+    }
+  }
+}
+
 TEST_CASE("pack_b_offset addresses the packed layout of packed_b, every path") {
   for (simd_path path : kvhead::supported_simd_paths()) {
     const gemm_config config = gemm_config_for(path);

@@ -48,6 +48,7 @@ struct gemm_config {
   std::array<const microkernel_function*, stored_dtype_count> half_microkernels;
   const row_stream_function* row_streams;  // [rows - 1], rows in 1..row_stream_max_rows
   std::size_t paged_prefetch_bytes = 0;    // kernel_config_row::paged_prefetch_bytes
+  std::size_t a_in_place_panels = 0;       // kernel_config_row::a_in_place_panels
 };
 
 /// This process's GEMM configuration for `path` (kernel_config_for(path)).

@@ -155,13 +155,16 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
   const std::size_t panels_per_group = ceil_div(panels, panel_groups);
   const std::size_t groups = ceil_div(panels, panels_per_group);
 
-  // Packed A of this k-slice. A single panel of an untransposed A that is
-  // not to be rounded is read where it is (the kernel takes its strides:
-  // same values, same bits).
+  // Packed A of this k-slice. An untransposed A that is not to be rounded is
+  // read where it is (the kernel takes its strides: same values, same bits)
+  // when it is a single panel, or when each of its panels meets few enough
+  // panels of B that packing would cost more than it saves
+  // (kernel_config_row::a_in_place_panels).
   // Otherwise, when each task owns whole rows (one column group), it packs
   // its own panels; else the panels are packed first, in parallel, and
   // shared by the column groups.
-  const bool a_in_place = a_panels == 1 && a.trans == transpose::no && rounding == a_rounding::none;
+  const bool a_in_place = (a_panels == 1 || panels <= config.a_in_place_panels) && a.trans == transpose::no &&
+                          rounding == a_rounding::none;
   scratch_lease a_packed(a_in_place ? 0 : a_panels * config.mr * depth);
   auto pack_a_panels = [&](std::size_t first, std::size_t end) {
     if (a_in_place) return;
@@ -181,7 +184,8 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
   }
   const std::size_t a_row_stride = a_in_place ? a.ld : 1, a_k_stride = a_in_place ? 1 : config.mr;
   auto a_start = [&](std::size_t a_index) {
-    return a_in_place ? a.data + k0 : a_packed.data() + a_index * config.mr * depth;
+    return a_in_place ? a.data + a_panel(m, config.mr, a_index).row0 * a.ld + k0
+                      : a_packed.data() + a_index * config.mr * depth;
   };
 
   // Where panel `panel` of the block starts (row pages: its rows in page `page`).
