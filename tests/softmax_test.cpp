@@ -14,6 +14,7 @@
 
 #include "engine/softmax/softmax.hpp"
 #include "kvhead/config.hpp"
+#include "tests/reference/kv_dtype_reference.hpp"
 #include "tests/reference/softmax_reference.hpp"
 
 namespace {
@@ -552,6 +553,45 @@ TEST_CASE("multiply_floats: one exact multiply per element, lengths 0..49, neigh
         if (!same_bits(buffer[i], inside ? values[i - 16] * factors[i - 16] : sentinel)) ++failures;
       }
       INFO("path " << std::string(kvhead::to_string(path)) << " n=" << n);
+      CHECK(failures == 0);
+    }
+  }
+}
+
+TEST_CASE("round_floats_to_bf16: nearest even bf16 per element, special values, lengths 0..49, every path") {
+  namespace ref = kvhead::reference;
+  const float sentinel = std::bit_cast<float>(0x7fa5'a5a5u);
+  // Ties both ways, the largest finite bf16 and just past it, subnormals,
+  // zeros, infinities and NaNs with payloads, then random values of all sizes.
+  std::vector<float> special;
+  for (const std::uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0xbf808001u, 0x7f7f7fffu, 0x7f7f8000u,
+                                   0x7f7fffffu, 0x00008000u, 0x00018000u, 0x807fffffu, 0x00000001u, 0x00000000u,
+                                   0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc12345u, 0x7f800001u})
+    special.push_back(std::bit_cast<float>(bits));
+  std::mt19937 generator(23);
+  std::uniform_int_distribution<std::uint32_t> any_bits;
+  for (int i = 0; i < 4000; ++i) special.push_back(std::bit_cast<float>(any_bits(generator)));
+  auto rounded_right = [&](float in, float out) {
+    if (std::isnan(in)) return std::isnan(out);
+    return std::bit_cast<std::uint32_t>(out) == std::uint32_t{ref::round_to_bf16(in)} << 16;
+  };
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    INFO("path " << std::string(kvhead::to_string(path)));
+    std::vector<float> out(special.size());
+    round_floats_to_bf16(special.data(), out.data(), special.size(), path);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < special.size(); ++i) wrong += !rounded_right(special[i], out[i]);
+    CHECK(wrong == 0);
+    for (std::size_t n = 0; n <= 49; ++n) {  // tails, in place, neighbours untouched
+      std::vector<float> buffer(n + 32, sentinel);
+      std::copy(special.begin() + 20, special.begin() + 20 + std::ptrdiff_t(n), buffer.begin() + 16);
+      round_floats_to_bf16(buffer.data() + 16, buffer.data() + 16, n, path);
+      std::size_t failures = 0;
+      for (std::size_t i = 0; i < buffer.size(); ++i) {
+        const bool inside = i >= 16 && i < 16 + n;
+        failures += inside ? !rounded_right(special[20 + i - 16], buffer[i]) : !same_bits(buffer[i], sentinel);
+      }
+      INFO("n=" << n);
       CHECK(failures == 0);
     }
   }

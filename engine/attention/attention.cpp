@@ -19,6 +19,7 @@
 #include "engine/attention/scaled_dot_product.hpp"
 #include "engine/gemm/gemm.hpp"
 #include "engine/scheduler/arena.hpp"
+#include "engine/softmax/softmax.hpp"
 #include "kvhead/attention.hpp"
 
 namespace kvhead {
@@ -374,7 +375,7 @@ void attention_layer::impl::project(const float* x, std::size_t rows, const std:
   qkv_proj.apply(x, rows, qkv);
   if (norm) norm->apply(qkv, rows, qkv_width(), config.num_heads, config.num_kv_heads);
   rotary.apply(qkv, rows, qkv_width(), config.num_heads + config.num_kv_heads, positions);
-  if (config.precision == precision::bf16) engine::round_to_bf16(qkv, rows * qkv_width(), qkv);
+  if (config.precision == precision::bf16) engine::round_floats_to_bf16(qkv, qkv, rows * qkv_width());
 }
 
 attention_layer::attention_layer(const attention_config& config, const attention_weights& weights)

@@ -216,13 +216,19 @@ struct tile_scratch {
         partial(partial_floats(tile)) {}
 };
 
-// The tile's query rows, stacked: row i * R + r is position i of head r of the group.
+// The tile's query rows, stacked: row i * R + r is position i of head r of
+// the group; in bf16 precision rounded to bf16 as they are gathered (the
+// queries' one rounding: scaled_dot_product leaves them as they came).
 void gather_queries(const attention_tile& tile, float* q_rows) {
   for (std::size_t i = 0; i < tile.positions; ++i)
     for (std::size_t r = 0; r < tile.group; ++r) {
       const float* row =
           tile.q + (tile.kv_head * tile.group + r) * tile.q_head_stride + (tile.position0 + i) * tile.q_seq_stride;
-      std::copy(row, row + tile.head_dim, q_rows + (i * tile.group + r) * tile.head_dim);
+      float* const target = q_rows + (i * tile.group + r) * tile.head_dim;
+      if (tile.precision == precision::bf16)
+        round_floats_to_bf16(row, target, tile.head_dim, tile.path);
+      else
+        std::copy(row, row + tile.head_dim, target);
     }
 }
 
@@ -321,7 +327,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     max[row] = state.max;
     sum[row] = state.sum;
     if (tile.precision == precision::bf16 && kind != product_kind::bf16)  // the bf16 products round p as they read it
-      for (std::size_t j = keys.begin; j < keys.end; ++j) p[j] = round_to_bf16(p[j]);
+      round_floats_to_bf16(p + keys.begin, p + keys.begin, keys.count(), tile.path);
     if (views[first_segment].value_scales != nullptr)
       for (std::size_t s = keys.begin / segment_keys; s * segment_keys < keys.end; ++s) {
         const std::size_t from = std::max(keys.begin, s * segment_keys);

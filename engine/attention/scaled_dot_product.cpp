@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "engine/arch/scratch.hpp"
-#include "engine/gemm/stored_element.hpp"
+#include "engine/softmax/softmax.hpp"
 #include "engine/scheduler/split_schedule.hpp"
 
 namespace kvhead::engine {
@@ -17,14 +17,16 @@ namespace {
 // view of `to`. One task per (batch, head).
 template <class Rows>
 head_tensor<const float> rounded_copy(const head_tensor<const float>& from, std::size_t batch, std::size_t heads,
-                                      std::size_t seq, std::size_t head_dim, const Rows& rows, float* to) {
+                                      std::size_t seq, std::size_t head_dim, const Rows& rows, float* to,
+                                      simd_path path) {
   const head_tensor<const float> dense = head_tensor<const float>::bhsd(to, heads, seq, head_dim);
   run_indices(batch * heads, [&](std::size_t index) {
     const std::size_t b = index / heads, h = index % heads;
     const auto [first, end] = rows(b);
     for (std::size_t s = first; s < end; ++s)
-      round_to_bf16(from.data + b * from.batch_stride + h * from.head_stride + s * from.seq_stride, head_dim,
-                    to + b * dense.batch_stride + h * dense.head_stride + s * dense.seq_stride);
+      round_floats_to_bf16(from.data + b * from.batch_stride + h * from.head_stride + s * from.seq_stride,
+                           to + b * dense.batch_stride + h * dense.head_stride + s * dense.seq_stride, head_dim,
+                           path);
   });
   return dense;
 }
@@ -43,7 +45,9 @@ void scaled_dot_product(const attention_problem& problem, float* probabilities) 
   }
   const attention_dims& dims = problem.dims;
   const std::size_t d = dims.head_dim;
-  const scratch_lease q(dims.batch * dims.num_heads * dims.q_len * d);
+  // q is rounded as each tile gathers it (flash_attention.cpp), unless the
+  // probabilities are asked for: they read it here.
+  const scratch_lease q(probabilities != nullptr ? dims.batch * dims.num_heads * dims.q_len * d : 0);
   const scratch_lease k(dims.batch * dims.num_kv_heads * dims.kv_len * d);
   const scratch_lease v(dims.batch * dims.num_kv_heads * dims.kv_len * d);
   // The keys batch element b's queries read (flash_attention's packing):
@@ -64,9 +68,10 @@ void scaled_dot_product(const attention_problem& problem, float* probabilities) 
   };
   auto query_rows = [&](std::size_t) { return std::pair<std::size_t, std::size_t>{0, dims.q_len}; };
   attention_problem rounded = problem;
-  rounded.q = rounded_copy(problem.q, dims.batch, dims.num_heads, dims.q_len, d, query_rows, q.data());
-  rounded.k = rounded_copy(problem.k, dims.batch, dims.num_kv_heads, dims.kv_len, d, key_rows, k.data());
-  rounded.v = rounded_copy(problem.v, dims.batch, dims.num_kv_heads, dims.kv_len, d, keys_read, v.data());
+  if (probabilities != nullptr)
+    rounded.q = rounded_copy(problem.q, dims.batch, dims.num_heads, dims.q_len, d, query_rows, q.data(), problem.path);
+  rounded.k = rounded_copy(problem.k, dims.batch, dims.num_kv_heads, dims.kv_len, d, key_rows, k.data(), problem.path);
+  rounded.v = rounded_copy(problem.v, dims.batch, dims.num_kv_heads, dims.kv_len, d, keys_read, v.data(), problem.path);
   attend(rounded, probabilities);
 }
 

@@ -52,6 +52,11 @@ void multiply_floats(float* values, const float* factors, std::size_t n, simd_pa
   dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::multiply_floats(values, factors, n); });
 }
 
+void round_floats_to_bf16(const float* in, float* out, std::size_t n, simd_path path) {
+  assert(n == 0 || (in != nullptr && out != nullptr));
+  dispatch(path, [&](auto arch) { softmax_kernels<decltype(arch)>::round_floats_to_bf16(in, out, n); });
+}
+
 void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b, std::size_t d,
                     simd_path path) {
   assert(d == 0 || (acc_a != nullptr && acc_b != nullptr));

@@ -114,6 +114,13 @@ void scale_floats(float* values, std::size_t n, float factor, simd_path path = a
 /// not overlap values.
 void multiply_floats(float* values, const float* factors, std::size_t n, simd_path path = active_simd_path());
 
+/// out[i] = in[i] rounded to the nearest even bf16, as an fp32, i < n: the
+/// bits of round_to_bf16 (engine/gemm/stored_element.hpp) on every path
+/// (integer arithmetic on the patterns; NaN made quiet, Inf kept, finite
+/// values past bf16's largest to Inf, subnormals rounded as they are). out
+/// may be in (in place). bf16 precision's rounding of q, k and v.
+void round_floats_to_bf16(const float* in, float* out, std::size_t n, simd_path path = active_simd_path());
+
 /// Merges partial b and its unnormalized accumulator acc_b[0:d] into a and
 /// acc_a[0:d] (split-K attention, two threads' halves of a key range):
 ///   m      = max(a.max, b.max)
@@ -153,6 +160,7 @@ struct softmax_kernels {
   static float online_softmax_block(float* scores, std::size_t n, softmax_partial& state);
   static void scale_floats(float* values, std::size_t n, float factor);
   static void multiply_floats(float* values, const float* factors, std::size_t n);
+  static void round_floats_to_bf16(const float* in, float* out, std::size_t n);
   static void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b,
                              std::size_t d);
   static void normalize_row(const float* acc, float sum, float* out, std::size_t d);

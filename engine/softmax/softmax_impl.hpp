@@ -243,6 +243,22 @@ void softmax_kernels<Arch>::scale_floats(float* values, std::size_t n, float fac
   softmax_detail::map_blocks<Arch>(values, values, n, 0.0f, [&](const batch& v) { return v * factor_v; });
 }
 
+// round_floats_to_bf16: in[0:n] -> out[0:n], one pass, encode_bf16's
+// arithmetic on each lane's bit pattern (add 0x7fff plus the kept part's
+// lowest bit, drop the low 16 bits; NaN: the quiet bit set instead). Tail
+// padded with 0.
+template <class Arch>
+void softmax_kernels<Arch>::round_floats_to_bf16(const float* in, float* out, std::size_t n) {
+  using batch = xsimd::batch<float, Arch>;
+  using pattern = xsimd::batch<std::uint32_t, Arch>;
+  softmax_detail::map_blocks<Arch>(in, out, n, 0.0f, [](const batch& v) {
+    const pattern bits = xsimd::bitwise_cast<pattern>(v), high = pattern(0xffff0000u);
+    const pattern rounded = (bits + (pattern(0x7fffu) + ((bits >> 16) & pattern(1u)))) & high;
+    const pattern quiet = (bits | pattern(0x00400000u)) & high;
+    return xsimd::select(xsimd::isnan(v), xsimd::bitwise_cast<batch>(quiet), xsimd::bitwise_cast<batch>(rounded));
+  });
+}
+
 // multiply_floats: values[0:n] *= factors[0:n], one pass.
 template <class Arch>
 void softmax_kernels<Arch>::multiply_floats(float* values, const float* factors, std::size_t n) {
