@@ -121,8 +121,9 @@ struct attention_tile {
   simd_path path;
   std::size_t window = 0;  // sliding window W: 0 none, else keys j > position - W only
   score_variants variants{};
-  /// bf16: each probability rounded to bf16 before p v (the row's sum and
-  /// max stay those of the fp32 softmax); q, k and v come rounded already.
+  /// bf16: each query row rounded to bf16 as the tile gathers it, each
+  /// probability before p v (the row's sum and max stay those of the fp32
+  /// softmax); k and v come rounded already.
   kvhead::precision precision = kvhead::precision::f32;
 
   /// Keys [visible_begin(i), visible_end(i)) are visible to query row i
