@@ -19,6 +19,7 @@
 #include "kvhead/config.hpp"
 #include "kvhead/kv_cache.hpp"
 #include "tests/reference/attention_reference.hpp"
+#include "tests/reference/kv_dtype_reference.hpp"
 #include "tests/sdpa_cases.hpp"
 
 using kvhead::attention_dims;
@@ -182,6 +183,9 @@ TEST_CASE("attention with a sliding window: NaN in keys and values outside a que
   // blocks (a window edge inside a block: its V page copied with zeros).
   // In bf16 precision too, where the CPU's bf16 products read K and V in
   // pairs of keys (gemm_bf16_paged): a pair never reaches past a query's keys.
+  // There q, k and v are rounded to bf16 first, as the layer rounds its
+  // projections before they reach the cache (flash_attention rounds user K/V
+  // as it packs them; a cache holds what was written).
   constexpr std::size_t seq = 700, head_dim = 16, poisoned = 300;
   for (const kvhead::precision precision : {kvhead::precision::f32, kvhead::precision::bf16})
     for (simd_path path : kvhead::supported_simd_paths())
@@ -192,6 +196,10 @@ TEST_CASE("attention with a sliding window: NaN in keys and values outside a que
         setup.causal = true;
         setup.window = window;
         sdpa_data data = make_data(setup, generator);
+        if (precision == kvhead::precision::bf16)
+          for (std::vector<float>* values : {&data.q, &data.k, &data.v})
+            for (float& x : *values)
+              x = float(kvhead::reference::bf16_value(kvhead::reference::round_to_bf16(x)));
         for (std::size_t e = 0; e < head_dim; ++e) {
           data.k[poisoned * head_dim + e] = NAN;
           data.v[poisoned * head_dim + e] = NAN;

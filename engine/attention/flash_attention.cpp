@@ -626,10 +626,12 @@ void flash_attention(const attention_problem& problem) {
     for (std::size_t chunk = work->chunk_from[index]; chunk < ceil_div(work->keys_seen[index], kv_chunk); ++chunk)
       work->packs.push_back({index, chunk});
   }
-  // The bf16 products read V packed (gemm_bf16_paged), whose pairs of keys
-  // then start at even positions of the chunk whatever a row sees.
-  const bool pack_values = dims.q_len > positions || attention_products(problem.precision, problem.path, kv_dtype::f32,
-                                                                        dims.head_dim) == product_kind::bf16;
+  // In bf16 precision V is packed (and K and V rounded to bf16 as they are
+  // packed, once per call): the bf16 products read V packed
+  // (gemm_bf16_paged), whose pairs of keys then start at even positions of
+  // the chunk whatever a row sees.
+  const bool bf16_precision = problem.precision == kvhead::precision::bf16;
+  const bool pack_values = dims.q_len > positions || bf16_precision;
   const gemm_config config = gemm_config_for(problem.path);
   const std::size_t key_floats = packed_b_floats(config, dims.head_dim, kv_chunk);
   const std::size_t value_floats = pack_values ? packed_b_floats(config, kv_chunk, dims.head_dim) : 0;
@@ -642,12 +644,15 @@ void flash_attention(const attention_problem& problem) {
   run_indices(work->packs.size(), [&](std::size_t task) {
     const auto [index, chunk] = work->packs[task];
     const std::size_t key0 = chunk * kv_chunk, width = std::min(kv_chunk, work->keys_seen[index] - key0);
+    float* const keys = packed_keys.data() + task * key_floats;
     pack_operand({head_rows(problem.k, index) + key0 * problem.k.seq_stride, problem.k.seq_stride, transpose::yes},
-                 dims.head_dim, width, config, packed_keys.data() + task * key_floats);
+                 dims.head_dim, width, config, keys);
+    if (bf16_precision) round_floats_to_bf16(keys, keys, key_floats, problem.path);
     if (pack_values) {
       float* const values = packed_values.data() + task * value_floats;
       pack_operand({head_rows(problem.v, index) + key0 * problem.v.seq_stride, problem.v.seq_stride, transpose::no},
                    width, dims.head_dim, config, values);
+      if (bf16_precision) round_floats_to_bf16(values, values, value_floats, problem.path);
       // Once here, not per tile: the P·V of the causal diagonal asks.
       work->values_finite[task] = all_finite(packed_b_view{values, width, dims.head_dim, problem.path}, width);
     }

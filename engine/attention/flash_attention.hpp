@@ -123,7 +123,8 @@ struct attention_tile {
   score_variants variants{};
   /// bf16: each query row rounded to bf16 as the tile gathers it, each
   /// probability before p v (the row's sum and max stay those of the fp32
-  /// softmax); k and v come rounded already.
+  /// softmax); user K and V rounded as flash_attention packs them, a KV
+  /// cache's as they were written (the layer writes rounded ones).
   kvhead::precision precision = kvhead::precision::f32;
 
   /// Keys [visible_begin(i), visible_end(i)) are visible to query row i

@@ -1,24 +1,20 @@
-// scaled_dot_product_attention's engine side (kvhead/attention.hpp): at bf16
-// precision its inputs rounded first, then the flash attention and, on
-// request, the materialized probabilities.
+// scaled_dot_product_attention's engine side (kvhead/attention.hpp): the
+// flash attention and, on request, the materialized probabilities.
 #pragma once
 
 #include "engine/attention/flash_attention.hpp"
 
 namespace kvhead::engine {
 
-/// Precision f32: flash_attention(problem), then, when `probabilities` is
-/// set, attention_probabilities(problem, probabilities).
-/// Precision bf16: the same on copies of k and v rounded to nearest even
-/// bf16 (round_floats_to_bf16, as the layer rounds its projections), dense
-/// [batch, heads, seq, head_dim] in the calling thread's scratch: the rows
-/// flash_attention reads, from the 256-key chunk holding the first key a
-/// query sees to the last key one sees (a sliding window's decode step
-/// rounds its window, not the past); every row of k when the probabilities
-/// are asked for (they are then the fp32 softmax of the rounded q and k's
-/// scores, unrounded), and then a rounded copy of q as well. Otherwise q is
-/// rounded as each tile gathers its rows, and flash_attention rounds the
-/// probabilities for p v (attention_tile::precision).
+/// flash_attention(problem), then, when `probabilities` is set,
+/// attention_probabilities. Precision bf16: flash_attention rounds what it
+/// reads to nearest even bf16 (round_floats_to_bf16, as the layer rounds its
+/// projections): q as each tile gathers its rows, K and V as they are packed
+/// (once per call, only the chunks some query sees), each probability before
+/// p v; no copy of q, k or v is made (a copy of K and V cost as much memory
+/// as the inputs and no less time). The probabilities, when asked for, are
+/// the fp32 softmax of the rounded q and k's scores, unrounded, from rounded
+/// copies of q and k in the calling thread's scratch.
 /// Validated at the public boundary; runs on the caller's task arena.
 void scaled_dot_product(const attention_problem& problem, float* probabilities = nullptr);
 

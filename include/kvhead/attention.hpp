@@ -131,11 +131,14 @@ struct attention_options {
   ///   f32   (the default) fp32 throughout; every contract in this file is
   ///         that of f32.
   ///   bf16  q, k and v rounded to nearest even bfloat16 as they enter (NaN
-  ///         and Inf kept, finite values past bf16's largest become Inf),
-  ///         into copies in per-thread scratch (release_scratch,
-  ///         kvhead/config.hpp): all of q, and of k and v the rows some
-  ///         query reads (a sliding window's decode step copies its window,
-  ///         not the past); q kᵀ of the rounded values with fp32 sums; scale,
+  ///         and Inf kept, finite values past bf16's largest become Inf):
+  ///         q as each query tile reads its rows, k and v as they are
+  ///         packed for the products (once per call, in per-thread scratch:
+  ///         release_scratch, kvhead/config.hpp; only the rows some query
+  ///         reads: a sliding window's decode step packs its window, not the
+  ///         past), no copy of the inputs otherwise (with probabilities
+  ///         asked for, rounded copies of q and k for them); q kᵀ of the
+  ///         rounded values with fp32 sums; scale,
   ///         soft-capping, masks, softmax, the running max and sum and the
   ///         merge of chunks in fp32; the probabilities, unnormalized
   ///         (exp(s - the max of their 256-key chunk)), rounded to bf16 for
