@@ -198,8 +198,7 @@ TEST_CASE("attention with a sliding window: NaN in keys and values outside a que
         sdpa_data data = make_data(setup, generator);
         if (precision == kvhead::precision::bf16)
           for (std::vector<float>* values : {&data.q, &data.k, &data.v})
-            for (float& x : *values)
-              x = float(kvhead::reference::bf16_value(kvhead::reference::round_to_bf16(x)));
+            for (float& x : *values) x = float(kvhead::reference::bf16_value(kvhead::reference::round_to_bf16(x)));
         for (std::size_t e = 0; e < head_dim; ++e) {
           data.k[poisoned * head_dim + e] = NAN;
           data.v[poisoned * head_dim + e] = NAN;

@@ -21,8 +21,7 @@ head_tensor<const float> rounded_copy(const head_tensor<const float>& from, std:
     const std::size_t b = index / heads, h = index % heads;
     for (std::size_t s = 0; s < seq; ++s)
       round_floats_to_bf16(from.data + b * from.batch_stride + h * from.head_stride + s * from.seq_stride,
-                           to + b * dense.batch_stride + h * dense.head_stride + s * dense.seq_stride, head_dim,
-                           path);
+                           to + b * dense.batch_stride + h * dense.head_stride + s * dense.seq_stride, head_dim, path);
   });
   return dense;
 }
@@ -42,7 +41,8 @@ void scaled_dot_product(const attention_problem& problem, float* probabilities) 
   // and k's scores, unrounded.
   const attention_dims& dims = problem.dims;
   const std::size_t d = dims.head_dim;
-  const scratch_lease q(dims.batch * dims.num_heads * dims.q_len * d), k(dims.batch * dims.num_kv_heads * dims.kv_len * d);
+  const scratch_lease q(dims.batch * dims.num_heads * dims.q_len * d),
+      k(dims.batch * dims.num_kv_heads * dims.kv_len * d);
   attention_problem rounded = problem;
   rounded.q = rounded_copy(problem.q, dims.batch, dims.num_heads, dims.q_len, d, q.data(), problem.path);
   rounded.k = rounded_copy(problem.k, dims.batch, dims.num_kv_heads, dims.kv_len, d, k.data(), problem.path);

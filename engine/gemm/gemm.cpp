@@ -163,8 +163,8 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
   // Otherwise, when each task owns whole rows (one column group), it packs
   // its own panels; else the panels are packed first, in parallel, and
   // shared by the column groups.
-  const bool a_in_place = (a_panels == 1 || panels <= config.a_in_place_panels) && a.trans == transpose::no &&
-                          rounding == a_rounding::none;
+  const bool a_in_place =
+      (a_panels == 1 || panels <= config.a_in_place_panels) && a.trans == transpose::no && rounding == a_rounding::none;
   scratch_lease a_packed(a_in_place ? 0 : a_panels * config.mr * depth);
   auto pack_a_panels = [&](std::size_t first, std::size_t end) {
     if (a_in_place) return;
