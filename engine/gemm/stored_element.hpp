@@ -28,7 +28,8 @@ static_assert(sizeof(bf16_bits) == 2 && sizeof(f16_bits) == 2);
 /// x rounded to nearest even bfloat16; NaN stays NaN (made quiet), +-Inf
 /// stays +-Inf, finite values past bf16's largest round to +-Inf. The one
 /// fp32 -> bf16 rounding of kvhead (KV cache writes, bf16 weights and GEMM
-/// operands): scalar and ISA-free, so every path rounds alike.
+/// operands; its vector form below): scalar and ISA-free, so every path
+/// rounds alike.
 inline bf16_bits encode_bf16(float x) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
   if (std::isnan(x)) return {static_cast<std::uint16_t>((bits >> 16) | 0x0040)};
@@ -42,14 +43,10 @@ inline bf16_bits encode_bf16(float x) {
 inline float widen_bf16(bf16_bits x) { return std::bit_cast<float>(std::uint32_t{x.bits} << 16); }
 
 /// x rounded to the nearest even bf16 value, as an fp32 (encode_bf16, widened).
+/// Its vector form, with the same bits on every path, is
+/// round_floats_to_bf16 (engine/softmax/softmax.hpp): how bf16 precision
+/// rounds attention's q, k, v and p.
 inline float round_to_bf16(float x) { return widen_bf16(encode_bf16(x)); }
-
-/// to[i] = round_to_bf16(from[i]) for i < count; from == to rounds in place.
-/// How bf16 precision rounds attention's q, k and v (the layer's projections,
-/// scaled_dot_product_attention's inputs).
-inline void round_to_bf16(const float* from, std::size_t count, float* to) {
-  for (std::size_t i = 0; i < count; ++i) to[i] = round_to_bf16(from[i]);
-}
 
 /// kv_dtype values index tables of kernels: f32, bf16, f16, int8 = 0..3.
 inline constexpr std::size_t stored_dtype_count = 4;
