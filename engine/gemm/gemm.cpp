@@ -183,9 +183,9 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     });
   }
   const std::size_t a_row_stride = a_in_place ? a.ld : 1, a_k_stride = a_in_place ? 1 : config.mr;
-  auto a_start = [&](std::size_t a_index) {
-    return a_in_place ? a.data + a_panel(m, config.mr, a_index).row0 * a.ld + k0
-                      : a_packed.data() + a_index * config.mr * depth;
+  // A panel a_index (its rows `span`) from the block's first k.
+  auto a_start = [&](std::size_t a_index, const panel_rows& span) {
+    return a_in_place ? a.data + span.row0 * a.ld + k0 : a_packed.data() + a_index * config.mr * depth;
   };
 
   // Where panel `panel` of the block starts (row pages: its rows in page `page`).
@@ -241,7 +241,7 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       const microkernel_function kernel =
           config.wide_microkernels[static_cast<std::size_t>(block.element)][first_span.rows - 1];
       for (; narrow_begin + width <= full_end; narrow_begin += width) {
-        microkernel_params params{a_start(first_panel),
+        microkernel_params params{a_start(first_panel, first_span),
                                   a_row_stride,
                                   a_k_stride,
                                   b_panel_at(narrow_begin, 0),
@@ -284,7 +284,7 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       const column_span columns = panel_span(i.panel);
       const std::size_t k = i.page * block.page_depth;
       const panel_rows span = a_panel(m, config.mr, i.a_index);
-      const float* const a_block = a_start(i.a_index);
+      const float* const a_block = a_start(i.a_index, span);
       microkernel_params params{a_block + k * a_k_stride,
                                 a_row_stride,
                                 a_k_stride,
