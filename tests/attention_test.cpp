@@ -521,6 +521,36 @@ TEST_CASE("attention: the fastest reduction order stays within rounding of the f
   CHECK(kvhead::current_reduction_order() == kvhead::reduction_order::fixed);
 }
 
+TEST_CASE("attention: the fastest reduction order with a sliding window, a split tile's rows seeing different chunks") {
+  // One tile of 100 positions over 4200 keys (causal): the window hides
+  // chunk 0 from the last rows but not from the first, and at 2 threads the
+  // first task's range is chunks 0 and 1 (8 pieces of 17 chunks), which
+  // those rows see from chunk 1 on.
+  for (const std::size_t window : {3850, 3900, 3940}) {
+    std::mt19937 generator(static_cast<unsigned>(window));
+    sdpa_setup setup;
+    setup.dims = attention_dims{1, 1, 1, 100, 4200, 32};
+    setup.causal = true;
+    setup.window = window;
+    const sdpa_data data = make_data(setup, generator);
+    std::vector<float> fixed;
+    kvhead::engine::flash_attention(make_problem(setup, data, fixed, kvhead::active_simd_path()));
+    kvhead::set_reduction_order(kvhead::reduction_order::fastest);
+    for (int threads : {2, 3}) {
+      std::vector<float> fastest;
+      const auto problem = make_problem(setup, data, fastest, kvhead::active_simd_path());
+      tbb::task_arena arena(threads);
+      arena.execute([&] { kvhead::engine::flash_attention(problem); });
+      std::size_t beyond_rounding = 0;
+      for (std::size_t i = 0; i < fixed.size(); ++i)
+        beyond_rounding += std::fabs(fastest[i] - fixed[i]) > 1e-5f * (1.0f + std::fabs(fixed[i]));
+      INFO("window " << window << " threads " << threads);
+      CHECK(beyond_rounding == 0);
+    }
+    kvhead::set_reduction_order(kvhead::reduction_order::fixed);
+  }
+}
+
 TEST_CASE("attention: V read in place or packed, and K and V from a cache's blocks, give the same bits") {
   // One sequence's q, k and v side by side, rows of (H + 2G) d floats (the
   // layer's fused projection). A 300-query prefill has several query tiles

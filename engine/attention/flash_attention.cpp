@@ -416,11 +416,20 @@ void clear_partial(const attention_tile& tile, float* partial, row_range range) 
   std::fill(partial + 2 * rows + range.begin * tile.head_dim, partial + 2 * rows + range.end * tile.head_dim, 0.0f);
 }
 
-// 3. Merges chunk `chunk`'s partial into the running one, row by row.
-void merge_into(const attention_tile& tile, std::size_t chunk, float* running, const float* partial, row_range range) {
+// Whether query row `position` of the tile sees a key of chunks [chunks.first, chunks.end).
+bool sees_chunks(const attention_tile& tile, chunk_range chunks, std::size_t position) {
+  const std::size_t row = tile.position0 + position;
+  return std::max(tile.visible_begin(row), chunks.first * kv_chunk) <
+         std::min(tile.visible_end(row), chunks.end * kv_chunk);
+}
+
+// 3. Merges the partial of chunks `chunks` (one chunk, or a range merged
+// left to right) into the running one, row by row, skipping the rows that
+// see none of their keys.
+void merge_into(const attention_tile& tile, chunk_range chunks, float* running, const float* partial, row_range range) {
   const std::size_t rows = tile.positions * tile.group;
   for (std::size_t row = range.begin; row < range.end; ++row) {
-    if (visible_in_chunk(tile, chunk, row / tile.group).count() == 0) continue;
+    if (!sees_chunks(tile, chunks, row / tile.group)) continue;
     softmax_partial merged{running[row], running[rows + row]};
     merge_partials(merged, running + 2 * rows + row * tile.head_dim, softmax_partial{partial[row], partial[rows + row]},
                    partial + 2 * rows + row * tile.head_dim, tile.head_dim, tile.path);
@@ -472,7 +481,7 @@ void process_chunks(const attention_tile& tile, const kv_chunk_source& source, s
     if (chunk + 1 < end) prefetch_value_scales(source, chunk + 1, end_key);
     float* partial = stored != nullptr ? stored + (chunk - begin) * partial_floats(tile) : scratch.partial.data();
     chunk_partial(tile, source, chunk, scratch, partial);
-    if (stored == nullptr) merge_into(tile, chunk, running, partial, all_rows(tile));
+    if (stored == nullptr) merge_into(tile, {chunk, chunk + 1}, running, partial, all_rows(tile));
   }
 }
 
@@ -497,7 +506,7 @@ struct run_workspace {
   std::vector<work_unit> units;
   work_plan plan;
   std::vector<std::size_t> offset, first_slot, split_tiles;
-  std::vector<char> range_start;                          // per chunk slot of split tiles (fastest order)
+  std::vector<char> range_start;                          // per chunk slot of split tiles: it holds a partial
   std::vector<std::pair<std::size_t, row_range>> merges;  // (split tile, rows) of the merge pass
 };
 
@@ -509,9 +518,16 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
   plan_work(work->units, static_cast<std::size_t>(tbb::this_task_arena::max_concurrency()), work->plan);
   const work_plan& plan = work->plan;
   const bool fixed_order = current_reduction_order() == reduction_order::fixed;
-  // Split tiles keep one partial slot per chunk: fixed order stores every
-  // chunk's partial there; the fastest order stores each task's own merged
-  // range in the slot of its first chunk (and marks it in `range_start`).
+  // Split tiles keep one partial slot per chunk. A task merges its chunks
+  // left to right as they come and stores the result in the slot of its
+  // first chunk when that is the tile's first chunk (the start of the left
+  // to right merge the fixed order promises) or in the fastest order; else
+  // (fixed order) it stores each chunk's partial in its own slot. Each slot
+  // written is marked in `range_start`: it holds the partial of its chunks
+  // up to the next marked one, and the merge pass skips a row only where it
+  // sees none of them. (Folding the first range in place halves what a
+  // 2-thread merge pass reads from the other core; S1, S4 and S5 at 2
+  // threads measured within the noise of storing every chunk, Zen 5.)
   work->offset.assign(tiles.size(), 0);
   work->split_tiles.clear();
   std::size_t stored_floats = 0, slots = 0;
@@ -535,12 +551,14 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
     if (plan.split[task.unit]) {
       float* slot = stored.data() + work->offset[task.unit] + task.chunk_begin * partial_floats(tile);
       const std::size_t begin = first + task.chunk_begin, end = first + task.chunk_end;
-      if (fixed_order) {
+      char* const marks = work->range_start.data() + work->first_slot[task.unit];
+      if (fixed_order && task.chunk_begin > 0) {
         process_chunks(tile, *sources[task.unit], begin, end, nullptr, slot, scratch);
+        std::fill(marks + task.chunk_begin, marks + task.chunk_end, 1);
       } else {
         clear_partial(tile, slot, all_rows(tile));
         process_chunks(tile, *sources[task.unit], begin, end, slot, nullptr, scratch);
-        work->range_start[work->first_slot[task.unit] + task.chunk_begin] = 1;
+        marks[task.chunk_begin] = 1;
       }
       return;
     }
@@ -563,10 +581,13 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
     const tile_scratch scratch(tile);
     float* const running = scratch.running.data();  // these rows' running partial, from empty
     clear_partial(tile, running, range);
-    const std::size_t first = tile_chunks(tile).first;
-    for (std::size_t unit_chunk = 0; unit_chunk < work->units[t].chunks; ++unit_chunk)
-      if (fixed_order || work->range_start[work->first_slot[t] + unit_chunk] != 0)
-        merge_into(tile, first + unit_chunk, running, partials + unit_chunk * partial_floats(tile), range);
+    const std::size_t first = tile_chunks(tile).first, chunks = work->units[t].chunks;
+    const char* const marks = work->range_start.data() + work->first_slot[t];
+    for (std::size_t slot = 0; slot < chunks;) {
+      const std::size_t next = std::find(marks + slot + 1, marks + chunks, 1) - marks;
+      merge_into(tile, {first + slot, first + next}, running, partials + slot * partial_floats(tile), range);
+      slot = next;
+    }
     write_output(tile, running, range);
   });
 }

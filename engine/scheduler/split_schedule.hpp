@@ -10,11 +10,14 @@
 // Determinism rule. The plan only decides WHO computes a chunk's partial and
 // WHEN; every chunk's partial is computed by the same code from the same
 // inputs, and every unit's partials are merged strictly left to right, one
-// chunk at a time, starting from the empty partial. A split unit stores its
-// per-chunk partials and merges them in a later pass; an unsplit unit merges
-// each as it goes. Both perform the identical sequence of floating-point
-// operations, so results are bit-identical for any thread count, any split,
-// and any order in which tasks run.
+// chunk at a time, starting from the empty partial. An unsplit unit merges
+// each as it goes; so does a split unit's first task, over its range, and
+// its other tasks store their per-chunk partials, which a later pass merges
+// onto the first range's. Merging a partial into the empty one leaves it
+// as it is (exp(0) is 1, and 0 * 0 + x is x for the sums, never -0), so all
+// perform the identical sequence of floating-point operations: results are
+// bit-identical for any thread count, any split, and any order in which
+// tasks run.
 #pragma once
 
 #include <cstddef>
