@@ -45,10 +45,11 @@ struct kernel_config_row {
   std::size_t a_block_share;  // MC x KC of packed A takes 1 / a_block_share of L2
   std::size_t attention_rows;  // stacked query rows per attention tile (a multiple of MR)
   // How far ahead, in bytes, a decode step's products over a paged B (K/V as
-  // a cache stores them: the bf16 and int8 paged kernels, and the fp32 GEMM
-  // under a single A panel) prefetch the panel rows they stream; 0: none,
-  // the hardware prefetchers alone.
-  std::size_t paged_prefetch_bytes;
+  // a cache stores them) prefetch the panel rows they stream: the bf16 and
+  // int8 paged kernels, and the fp32 GEMM under a single A panel (f32 and
+  // f16 K/V), whose best distances were measured apart; 0: none, the
+  // hardware prefetchers alone.
+  std::size_t paged_prefetch_bytes, fp32_paged_prefetch_bytes;
   // An untransposed A (not rounded) is read where it is, the micro-kernel
   // taking its strides, instead of packed, when each of its MR-row panels
   // meets at most this many NR-column panels of the block of B (a short
@@ -59,7 +60,7 @@ struct kernel_config_row {
 };
 
 inline constexpr kernel_config_row kernel_config_rows[] = {
-    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0, 0,
+    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0, 0, 0,
      "Zen 4 splits each 512-bit FMA over its two 256-bit pipes (16 fp32 FMAs per cycle). 32 zmm: "
      "12 x 32 = 24 accumulators + 2 B vectors + 1 broadcast = 27 live; 24 chains cover the 4-cycle "
      "latency; 14 x 32 (31 live) measured no faster. The 32 KiB B micro-panel streams from L2 "
@@ -68,7 +69,7 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "at head_dim 128) in a 1 MiB L2. No paged prefetch: one line per row pair, 32 or 96 rows ahead, "
      "measured no faster in the bf16 kernel (the whole step ahead, as on Zen 5, not measured here). "
      "A packed unless it is one panel (A in place for short products, as on Zen 5: not measured here)."},
-    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 8,
+    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 8,
      "Zen 5: two full 512-bit FMA pipes (32 fp32 FMAs per cycle), 48 KiB L1d, 1 MiB L2; the tile, "
      "blocks and attention tiles of avx512-2x512 (below), measured here: 81-89% of FMA peak at 1024^3; "
      "an A block of 1/8 to 3/4 of L2 and NC 1024 to 4096 within the noise of the default; attention "
@@ -76,24 +77,27 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "over a compressed cache keeps too few bytes in flight for DRAM's latency (bf16 rows of 64 B per "
      "2 vdpbf16ps per query row), and the rows of every step prefetched 8 KiB ahead took S1 over a bf16 "
      "cache from 0.56-0.59 to 0.44-0.46 ms and S5 from 5.3 to 4.2 ms (4 and 12 KiB: less; 2026-12-03). "
+     "The fp32 GEMM's paged rows (f32 and f16 caches) 4 KiB ahead: against 8 KiB, 5 alternations, S1 "
+     "0.92 -> 0.87 ms (f32) and 0.61 -> 0.57 (f16), S5 8.2 -> 7.5 and 5.4 -> 5.1 ms, every block size "
+     "16-256 as fast or faster; 2, 3, 5 and 6 KiB no better (the bf16 and int8 kernels: 4 KiB 2-7% slower). "
      "A in place when each A panel meets at most 8 B panels (an attention tile's q k^T over a 256-key "
      "chunk, its p v at head_dim 128; 2 runs each, 2026-12-03): S2 48.8-49.3 -> 47.5-47.8 ms, S4 758 -> "
      "719-722 us, 256^3 146 -> 141 us, 1024 x 128 x 1024 1.19-1.21 -> 1.13 ms; at 16 B panels 1024^3 "
      "within the noise, and with every A in place 2048^3 lost 9-13%."},
-    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0,
+    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0,
      "Two full 512-bit FMA ports (Intel Xeon, AMD Zen 5): 32 fp32 FMAs per cycle, 4-cycle latency, "
      "so at least 8 independent chains; 12 x 32 keeps 24 (BLIS's skx sgemm, 32 x 12 transposed) "
      "with 14 loads per 24 FMAs, within two load ports. The 32 KiB B micro-panel fits a 48 KiB L1d. "
      "Attention tiles of 120 rows (measured on Zen 5, avx512-zen5 above). No paged prefetch: not measured "
      "on an Intel Xeon (KVHEAD_CONFIG=avx512-zen5 runs the same tile with it), nor A in place beyond one panel."},
-    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0,
+    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0,
      "AVX2 + FMA, two 256-bit FMA pipes (Intel Haswell on, AMD Zen 1-4): 16 ymm: 6 x 16 = 12 "
      "accumulators + 2 B vectors + 1 broadcast = 15 live (BLIS's haswell sgemm); 12 chains cover "
      "4-cycle latency x 2 pipes (needs 8); 8 loads per 12 FMAs. B micro-panel 16 KiB, half of L1d. "
      "On Zen 3 an A block of a quarter of L2 measured no faster than half. Attention tiles of 120 "
      "rows: 60, 120 and 240 measured within 2% on S2 and S3 (Zen 3, 512 KiB L2); fewer rows re-read "
      "each chunk's K and V more often, more spill the scores from L2."},
-    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0,
+    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0,
      "SSE2 (no FMA): 16 xmm: 6 x 8 = 12 accumulators + 2 B + 1 broadcast + 1 product temporary = 16. "
      "B micro-panel 8 KiB. Attention tiles of 120 rows, as for AVX2."},
 };
@@ -106,7 +110,7 @@ static_assert([] {
 
 static_assert([] {
   for (const kernel_config_row& row : kernel_config_rows)
-    if (row.paged_prefetch_bytes % 64 != 0) return false;
+    if (row.paged_prefetch_bytes % 64 != 0 || row.fp32_paged_prefetch_bytes % 64 != 0) return false;
   return true;
 }(), "paged prefetch distances are whole cache lines");
 

@@ -64,7 +64,7 @@ gemm_config gemm_config_for(simd_path path) {
                        tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::wide),
                        tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::half),
                        row_stream_kernels<Arch>::row_streams(),
-                       machine.row->paged_prefetch_bytes,
+                       machine.row->fp32_paged_prefetch_bytes,
                        machine.row->a_in_place_panels};
   });
 }
