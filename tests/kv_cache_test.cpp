@@ -219,20 +219,27 @@ TEST_CASE("kv_cache: block layout: groups of blocks, regions side by side, 64-by
 // Consecutive blocks stream as one ("Block layout"): a fresh cache hands out
 // blocks in index order, and freed or truncated blocks come back in the
 // order their table held them.
-TEST_CASE("kv_cache: blocks are handed out in index order, and again in table order after free and truncate") {
-  kv_cache cache(small_config(32, 12));
+TEST_CASE(
+    "kv_cache: entry p takes the block after entry p - 1's, or the lowest free one at place p % G of a group, again in "
+    "table order after free and truncate") {
+  kv_cache cache(small_config(32, 20));  // groups of G = 8 blocks: 0-7, 8-15, 16-19
   const sequence_id a = cache.create(), b = cache.create();
   cache.append(a, 5 * 32);
   cache.append(b, 2 * 32);
   CHECK(table_of(cache, a) == std::vector<std::uint32_t>{0, 1, 2, 3, 4});
-  CHECK(table_of(cache, b) == std::vector<std::uint32_t>{5, 6});
+  CHECK(table_of(cache, b) == std::vector<std::uint32_t>{8, 9});  // from the next group's start, not from block 5
   cache.free(a);
   const sequence_id c = cache.create();
   cache.append(c, 4 * 32);
   CHECK(table_of(cache, c) == std::vector<std::uint32_t>{0, 1, 2, 3});
   cache.truncate(c, 1);
   cache.append(b, 3 * 32);
-  CHECK(table_of(cache, b) == std::vector<std::uint32_t>{5, 6, 1, 2, 3});
+  CHECK(table_of(cache, b) == std::vector<std::uint32_t>{8, 9, 10, 11, 12});  // the run of 8 and 9 goes on
+  // Places with no free block left: the next place that has one, and no block is out of reach.
+  const sequence_id d = cache.create();
+  cache.append(d, 14 * 32);
+  CHECK(table_of(cache, d) == std::vector<std::uint32_t>{16, 17, 18, 19, 4, 5, 6, 7, 1, 2, 3, 13, 14, 15});
+  CHECK(cache.free_blocks() == 0);
 }
 
 TEST_CASE("kv_cache: append, length and blocks_used over block sizes and lengths") {

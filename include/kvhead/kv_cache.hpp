@@ -67,12 +67,16 @@
 // block_size consecutive indices (the last group may hold fewer, n); group
 // g starts at byte g * G * block_bytes and holds, for r = 0 .. R - 1, region r
 // of each of its blocks side by side: region r of block b starts at byte
-// g * G * block_bytes + (r * n + b - g * G) * region_bytes. A sequence whose
-// blocks are consecutive (a fresh cache hands them out in index order) thus
-// keeps each layer's K and V of a kv head in one stream of up to 256 tokens
-// whatever the block size; the hardware prefetchers stop at gaps (decode
-// over 16-token blocks, S1's shape on Zen 4: 4.2 ms with every block's
-// regions together, 2.1-2.5 grouped). 32 is the widest
+// g * G * block_bytes + (r * n + b - g * G) * region_bytes. A sequence's
+// table entry p takes a free block whose place in its group, b - g * G, is
+// p % G where one is free (of those, the lowest index in a fresh cache, the
+// last freed one after truncate or free), so in a fresh cache every
+// sequence's blocks are consecutive from a group's start, and each 256-token
+// run of it keeps each layer's K and V of a kv head in one stream whatever
+// the block size; the hardware prefetchers stop at gaps (decode over
+// 16-token blocks, S1's shape on Zen 4: 4.2 ms with every block's regions
+// together, 2.1-2.5 grouped; on Zen 5, runs starting a block into a group
+// took 5-13% longer at blocks 16 to 128). 32 is the widest
 // GEMM panel of any SIMD path; a 16-token block's keys are one narrow panel
 // of 16 columns, so it takes half the memory of a 32-token block. One block
 // of a Llama-3-8B-shaped cache (32 layers, 8 kv heads, head_dim 128):
