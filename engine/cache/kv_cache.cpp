@@ -9,13 +9,13 @@
 // blocks lowest first, so each sequence's blocks are consecutive from a
 // group's start and each of its 256-token runs is one group: its K or V
 // regions of a kv head one stream. Truncate and free push a table's blocks
-// last first: the next appends take them back in their old order. (With one stack, a sequence following another
-// of 4097 tokens started one block into a group, and every chunk of 256
-// keys it read was two streams for K and two for V: S1 decode at blocks
-// 16-128 5-13% slower than aligned, Zen 5.)
+// last first: the next appends take them back in their old order. (With
+// one stack, a sequence following another of 4097 tokens started one block
+// into a group, and every chunk of 256 keys it read was two streams for K
+// and two for V: S1 decode at blocks 16-128 5-13% slower, Zen 5.)
 //
 // Locking. One mutex guards the sequence map, the reference counts, the free
-// list and the id counter. A sequence's own fields (length, block table) are
+// lists and the id counter. A sequence's own fields (length, block table) are
 // touched only by calls naming that sequence, which the contract forbids to
 // overlap when one modifies it, so they are read and written outside the lock
 // (the map's nodes are stable: another sequence's insert or erase never moves
