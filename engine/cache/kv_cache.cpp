@@ -236,7 +236,7 @@ struct kv_cache::impl {
   /// region side by side ("Block layout" in kv_cache.hpp).
   std::byte* region(std::uint32_t index, std::size_t region) const {
     assert(index < total_blocks && region < regions_per_block);
-    const std::size_t first = index / group_blocks * group_blocks;  // the group's first block
+    const std::size_t first = index & ~(group_blocks - 1);  // the group's first block (G a power of two)
     const std::size_t blocks_in_group = std::min(group_blocks, total_blocks - first);
     return reinterpret_cast<std::byte*>(pool.get()) + first * block_bytes +
            (region * blocks_in_group + (index - first)) * region_bytes;

@@ -76,6 +76,8 @@ static_assert((kv_min_block_size & (kv_min_block_size - 1)) == 0 && kv_min_block
 /// stop at a gap), whatever the block size ("Block layout" in kv_cache.hpp).
 inline constexpr std::size_t kv_group_tokens = 256;
 static_assert(kv_group_tokens % kv_max_block_size == 0, "a group holds whole blocks of every size");
+static_assert((kv_group_tokens & (kv_group_tokens - 1)) == 0,
+              "with power-of-two block sizes, a group's first block is its index with the low bits cleared");
 
 /// A block table entry whose block was dropped (kv_cache::drop_outside_window):
 /// never a block index (a pool has at most 2^32 - 1 blocks, checked at creation).
