@@ -237,7 +237,7 @@ void gather_queries(const attention_tile& tile, float* q_rows) {
 // starts inside the page then meets p = 0 with v = 0 before its keys, whatever
 // V holds there.
 const void* page_with_leading_zeros(const packed_b_view& values, std::size_t rows, std::optional<scratch_lease>& copy) {
-  const gemm_config config = gemm_config_for(values.path);
+  const gemm_config& config = gemm_config_for(values.path);
   const std::size_t bytes = element_bytes(values.element);
   const std::size_t elements = packed_b_floats(config, values.k, values.n);
   copy.emplace(ceil_div(elements * bytes, sizeof(float)));
@@ -674,7 +674,7 @@ void flash_attention(const attention_problem& problem) {
   // the chunk whatever a row sees.
   const bool bf16_precision = problem.precision == kvhead::precision::bf16;
   const bool pack_values = dims.q_len > positions || bf16_precision;
-  const gemm_config config = gemm_config_for(problem.path);
+  const gemm_config& config = gemm_config_for(problem.path);
   const std::size_t key_floats = packed_b_floats(config, dims.head_dim, kv_chunk);
   const std::size_t value_floats = pack_values ? packed_b_floats(config, kv_chunk, dims.head_dim) : 0;
   const scratch_lease packed_keys(work->packs.size() * key_floats), packed_values(work->packs.size() * value_floats);

@@ -157,7 +157,7 @@ void write_cached_kv(kv_cache& cache, std::size_t layer, const std::vector<cache
                      const float* v, std::size_t row_stride, simd_path path) {
   const kv_cache_config& geometry = cache.config();
   const std::size_t kv_heads = geometry.num_kv_heads, head_dim = geometry.head_dim, block_size = geometry.block_size;
-  const gemm_config config = gemm_config_for(path);
+  const gemm_config& config = gemm_config_for(path);
   const token_writer write = writer_for(cache.dtype());
   const std::size_t scales_offset = kv_cache_internals::scales_offset(cache);
   const std::size_t narrow_key_row_stride = kv_narrow_key_row_stride(config.nr, block_size);

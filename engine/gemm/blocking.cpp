@@ -51,7 +51,9 @@ static_assert(every_row_is_compiled(), "a kernel_config row names a register til
 
 }  // namespace
 
-gemm_config gemm_config_for(simd_path path) {
+namespace {
+
+gemm_config resolve(simd_path path) {
   const kernel_config& machine = kernel_config_for(path);
   return dispatch(path, [&](auto arch) {
     using Arch = decltype(arch);
@@ -67,6 +69,22 @@ gemm_config gemm_config_for(simd_path path) {
                        machine.row->fp32_paged_prefetch_bytes,
                        machine.row->a_in_place_panels};
   });
+}
+
+// Resolved once per path (a decode step asks once per chunk); a throw (a bad
+// KVHEAD_CONFIG) leaves the path unresolved, to throw again.
+template <simd_path Path>
+const gemm_config& resolved() {
+  static const gemm_config config = resolve(Path);
+  return config;
+}
+
+}  // namespace
+
+const gemm_config& gemm_config_for(simd_path path) {
+  return path == simd_path::avx512 ? resolved<simd_path::avx512>()
+         : path == simd_path::avx2 ? resolved<simd_path::avx2>()
+                                   : resolved<simd_path::sse2>();
 }
 
 }  // namespace kvhead::engine

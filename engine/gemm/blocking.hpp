@@ -51,7 +51,8 @@ struct gemm_config {
   std::size_t a_in_place_panels = 0;       // kernel_config_row::a_in_place_panels
 };
 
-/// This process's GEMM configuration for `path` (kernel_config_for(path)).
-gemm_config gemm_config_for(simd_path path);
+/// This process's GEMM configuration for `path` (kernel_config_for(path)),
+/// resolved at first use.
+const gemm_config& gemm_config_for(simd_path path);
 
 }  // namespace kvhead::engine

@@ -416,7 +416,7 @@ std::size_t packed_b_floats(const gemm_config& config, std::size_t k, std::size_
 
 packed_b::packed_b(std::size_t k, std::size_t n, gemm_operand b, simd_path path) : k_(k), n_(n), path_(path) {
   validate_operand("B", b, k, n);
-  const gemm_config config = gemm_config_for(path);
+  const gemm_config& config = gemm_config_for(path);
   const std::size_t padded_n = round_up(n, config.nr);
   float* panels = panels_.reserve(std::max<std::size_t>(1, packed_b_floats(config, k, n)));
   for (std::size_t k0 = 0; k0 < k; k0 += config.kc)
@@ -441,7 +441,7 @@ void validate_fixed_b(const char* kind, gemm_shape shape, gemm_operand a, std::s
 void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc,
           a_rounding rounding) {
   validate_fixed_b("packed", shape, a, b.k, b.n, c, ldc);
-  const gemm_config config = gemm_config_for(b.path);
+  const gemm_config& config = gemm_config_for(b.path);
   const std::size_t element_size = element_bytes(b.element);
   // Packed block k0 / KC starts at element k0 * round_up(b.n, NR); its
   // panels hold that block's full depth of b.k.
@@ -457,7 +457,7 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float 
 void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float beta, float* c, std::size_t ldc,
           a_rounding rounding) {
   validate_fixed_b("paged", shape, a, b.k, b.n, c, ldc);
-  const gemm_config config = gemm_config_for(b.path);
+  const gemm_config& config = gemm_config_for(b.path);
   engine::require(narrow_pages_valid(b, config.nr), [&] {
     return "gemm: narrow pages need to be column pages of fewer than NR (" + std::to_string(config.nr) +
            ") columns per page (" + std::to_string(b.page) + ") and a row stride of at least that (" +

@@ -37,7 +37,7 @@ inline void check_paged_product(const char* name, gemm_shape shape, gemm_operand
   const std::size_t m = shape.m, n = shape.n, k = shape.k;
   validate_operand("A", a, m, k);
   validate_c(c, ldc, m, n);
-  const gemm_config config = gemm_config_for(b.path);
+  const gemm_config& config = gemm_config_for(b.path);
   engine::require(
       a.trans == transpose::no && k <= b.k && n <= b.n && config.nr == paged_panel_columns && config.kc == gemm_kc &&
           (b.along_k ? k <= gemm_kc && (b.page % page_rows_multiple == 0 || k <= b.page) : b.k <= gemm_kc) &&
