@@ -48,8 +48,10 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
     // panel-major walk.
     // Measured on Zen 4 (S1's geometry, bf16 cache, block 16, 6
     // alternations): panel-major 1.83-1.99 ms (median 1.88), page-major
-    // 1.49-2.05 (median 1.63).
-    for_each_page_and_panel<float>(b, k, n, m,
+    // 1.49-2.05 (median 1.63). One page per call: groups of pages, as the
+    // int8 driver takes them, made blocks 16 and 32 14% slower here (Zen 5,
+    // 4 alternations).
+    for_each_page_and_panel<float>(b, k, n, m, 1,
                                    [&](const void* const* rows_of_panel, std::size_t row0, std::size_t rows,
                                        std::size_t col, std::size_t cols, page_carry<float> carry) {
                                      by_rows[m - 1]({a_rows + row0, a_ld, rows_of_panel, b.page, rows,

@@ -80,24 +80,27 @@ struct page_carry {
 
 /// For a b paged along k, pages outermost (a single row block of
 /// `tile_rows` rows: each page's panels, contiguous in it, read as one
-/// stream before the next page): panel(rows_of_panel, row0, rows, col,
-/// cols, carry) for each page, from row row0 of k with `rows` of them, and
-/// each of its panels in column order (rows_of_panel: that page's rows of
-/// the panel only). Each panel's tile_rows x 32 sums (fp32 or int32) are
-/// carried from page to page in a scratch leased here, so the sums run in
-/// the order of one call over all the pages.
+/// stream before the next page), `pages_per_call` pages at a time:
+/// panel(rows_of_panel, row0, rows, col, cols, carry) for each group of
+/// pages, from row row0 of k with `rows` of them, and each of its panels in
+/// column order (rows_of_panel: the group's pages' rows of the panel, b.page
+/// rows each). Each panel's tile_rows x 32 sums (fp32 or int32) are carried
+/// from group to group in a scratch leased here, so the sums run in the
+/// order of one call over all the pages.
 template <class Sum, class Panel>
 void for_each_page_and_panel(const paged_b_view& b, std::size_t k, std::size_t n, std::size_t tile_rows,
-                             Panel&& panel) {
+                             std::size_t pages_per_call, Panel&& panel) {
   static_assert(sizeof(Sum) == sizeof(float), "the carry lives in a scratch of floats");
   const std::size_t tile_sums = tile_rows * paged_panel_columns;
   scratch_lease storage(ceil_div(n, paged_panel_columns) * tile_sums);
   Sum* const sums = reinterpret_cast<Sum*>(storage.data());
-  for (std::size_t page = 0, row0 = 0; row0 < k; ++page, row0 += b.page)
+  const std::size_t group_pages = std::clamp<std::size_t>(pages_per_call, 1, max_pages_along_k);
+  const void* rows_of_panel[max_pages_along_k];
+  for (std::size_t page = 0, row0 = 0; row0 < k; page += group_pages, row0 += group_pages * b.page)
     for (std::size_t col = 0; col < n; col += paged_panel_columns) {
-      const void* const rows_of_panel = paged_panel(b, page, col);
-      const std::size_t rows = std::min(b.page, k - row0);
-      panel(&rows_of_panel, row0, rows, col, std::min(paged_panel_columns, n - col),
+      const std::size_t rows = std::min(group_pages * b.page, k - row0);
+      for (std::size_t i = 0; i * b.page < rows; ++i) rows_of_panel[i] = paged_panel(b, page + i, col);
+      panel(static_cast<const void* const*>(rows_of_panel), row0, rows, col, std::min(paged_panel_columns, n - col),
             page_carry<Sum>{sums + col / paged_panel_columns * tile_sums, row0 > 0, row0 + rows < k});
     }
 }
