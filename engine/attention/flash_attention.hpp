@@ -61,6 +61,9 @@ static_assert(kv_chunk <= gemm_kc, "a chunk's P·V must be one KC-deep block (on
 /// The most segments a chunk may be cut into (segment_keys() >= kv_chunk / this).
 inline constexpr std::size_t max_segments_per_chunk = 16;
 
+/// int8 scales come in cache lines of this many (kv_segment).
+inline constexpr std::size_t scale_line_floats = 64 / sizeof(float);
+
 /// Keys [k0, k0 + n) of one chunk of one (sequence, kv head) stored together
 /// (one KV cache block, or a whole chunk of user K/V), as GEMM B operands
 /// read in place: keys = Kᵀ packed (head_dim x n' >= n), V packed (`values`,
@@ -69,8 +72,10 @@ inline constexpr std::size_t max_segments_per_chunk = 16;
 /// may hold bf16, f16 or int8 elements (packed_b_view::element), widened in
 /// the micro-kernel. int8 only: key_scales[j] and value_scales[j], key j's
 /// fp32 scales, which the kernel applies to key j's scores and to its
-/// probabilities; null otherwise. The GEMM gives the same bits for either
-/// form of V (gemm.hpp), and for one or several segments (paged_b_view).
+/// probabilities, readable up to the segment's keys rounded up to whole
+/// lines of scale_line_floats; null otherwise. The GEMM gives the same bits
+/// for either form of V (gemm.hpp), and for one or several segments
+/// (paged_b_view).
 struct kv_segment {
   packed_b_view keys, values;
   gemm_operand values_in_place;

@@ -38,6 +38,8 @@ namespace {
 static_assert(kv_chunk % kv_max_block_size == 0 && kv_max_block_size <= kv_chunk &&
                   kv_chunk / kv_min_block_size <= max_segments_per_chunk,
               "every block size must cut a chunk into at most max_segments_per_chunk whole blocks");
+// A region's int8 scales (block_size floats, then padding) are whole lines, as kv_segment promises.
+static_assert(kv_min_block_size % scale_line_floats == 0, "a block's int8 scales must fill whole lines");
 
 // The chunks of one (sequence, layer, kv head) of a cache, block by block.
 class cache_kv_source final : public kv_chunk_source {
