@@ -30,15 +30,17 @@ engine::cached_rows rows(const kv_cache& cache, sequence_id id, std::size_t past
 }  // namespace
 
 filled_cache::filled_cache(const decode_shape& shape) : cache(cache_config(shape)) {
-  const simd_path path = active_simd_path();
   for (std::size_t i = 0; i < shape.pasts.size(); ++i) {
     const sequence_id id = cache.create();
     cache.append(id, shape.pasts[i] + 1);
-    const sequence_kv kv = decode_kv(shape, i);
-    engine::write_cached_kv(cache, 0, {rows(cache, id, 0, 0)}, kv.k.data(), kv.v.data(), path);
-    engine::kv_cache_internals::set_written(cache, id, 0, shape.pasts[i] + 1);  // as a forward would
     ids.push_back(id);
+    write(i, decode_kv(shape, i));
+    engine::kv_cache_internals::set_written(cache, id, 0, shape.pasts[i] + 1);  // as a forward would
   }
+}
+
+void filled_cache::write(std::size_t i, const sequence_kv& kv) {
+  engine::write_cached_kv(cache, 0, {rows(cache, ids[i], 0, 0)}, kv.k.data(), kv.v.data(), active_simd_path());
 }
 
 cached_decode::cached_decode(const decode_shape& shape) : shape_(shape), filled_(shape), calls_(shape.calls()) {

@@ -18,6 +18,10 @@ struct filled_cache {
   std::vector<sequence_id> ids;  // sequence i of the shape
 
   explicit filled_cache(const decode_shape& shape);
+
+  /// Writes sequence i's whole K/V (decode_kv) into its blocks of layer 0,
+  /// converted to the cache's dtype, as a prefill does.
+  void write(std::size_t i, const sequence_kv& kv);
 };
 
 class cached_decode {

@@ -11,6 +11,10 @@
 //   S1_decode_gqa_<dtype>/threads:<t>, S4_decode_mqa_<dtype>/threads:<t>,
 //   S5_decode_ragged16_<dtype>/threads:<t>  the same over a cache of dtype
 //       bf16, f16 or int8 (the names without a dtype are f32);
+//   cache_write/threads:1, cache_write_<dtype>/threads:1  one S1 sequence's
+//       K/V (4097 tokens) written into a cache, converted to its dtype, as a
+//       prefill writes them (elems_per_s: tokens; gbps: fp32 read + stored
+//       bytes written);
 //   decode_block_size/block:<b>/threads:1, decode_block_size_<dtype>/...  S1
 //       over f32 (bf16, f16, int8) caches of block size b (every block size
 //       is read in place).
@@ -76,6 +80,19 @@ void s6_decode_swa(benchmark::State& state, kvhead::kv_dtype dtype) {
   run_cached_decode(state, with_dtype(kvhead::bench::s6_decode_swa(), dtype), bound_by::dram_read, int(state.range(0)));
 }
 
+// range(0): threads.
+void cache_write(benchmark::State& state, kvhead::kv_dtype dtype) {
+  decode_shape shape = with_dtype(kvhead::bench::s1_decode_gqa(), dtype);
+  shape.pasts.resize(1);
+  shape.per_call = 1;
+  kvhead::bench::filled_cache filled(shape);
+  const kvhead::bench::sequence_kv kv = kvhead::bench::decode_kv(shape, 0);
+  tbb::task_arena arena(int(state.range(0)));
+  for (auto _ : state) arena.execute([&] { filled.write(0, kv); });
+  const double tokens = double(shape.pasts[0] + 1), values = 2.0 * double(kv.k.size());
+  kvhead::bench::set_element_rates(state, tokens, values * sizeof(float) + shape.bytes_per_call());
+}
+
 // range(0): block size, range(1): threads.
 void decode_block_size(benchmark::State& state, kvhead::kv_dtype dtype) {
   decode_shape shape = with_dtype(kvhead::bench::s1_decode_gqa(), dtype);
@@ -98,6 +115,11 @@ const bool registered = [] {
     bench->ArgNames({"block", "threads"})->UseRealTime();
     for (const std::int64_t block : {16, 32, 64, 128, 256}) bench->Args({block, 1});
   }
+  for (const kvhead::kv_dtype dtype : dtypes)
+    benchmark::RegisterBenchmark(dtype_name("cache_write", dtype).c_str(), cache_write, dtype)
+        ->ArgNames({"threads"})
+        ->Arg(1)
+        ->UseRealTime();
   using decode_function = void (*)(benchmark::State&, kvhead::kv_dtype);
   const std::pair<const char*, decode_function> shapes[] = {{"S1_decode_gqa", &s1_decode_gqa},
                                                             {"S4_decode_mqa", &s4_decode_mqa},

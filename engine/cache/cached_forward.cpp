@@ -87,6 +87,16 @@ void store(bf16_bits& target, float x, float) { target = encode_bf16(x); }
 void store(f16_bits& target, float x, float) { target = encode_f16(x); }
 void store(std::int8_t& target, float x, float scale) { target = encode_int8(x, scale); }
 
+// `count` contiguous values stored as elements (the row loops of kv_encode.hpp).
+void store_row(float* target, const float* x, std::size_t count, float) { std::copy(x, x + count, target); }
+void store_row(bf16_bits* target, const float* x, std::size_t count, float) {
+  for (std::size_t i = 0; i < count; ++i) target[i] = encode_bf16(x[i]);
+}
+void store_row(f16_bits* target, const float* x, std::size_t count, float) { encode_f16_row(x, count, target); }
+void store_row(std::int8_t* target, const float* x, std::size_t count, float scale) {
+  encode_int8_row(x, count, scale, target);
+}
+
 // Writes one token's k and v (head_dim floats each) into slot `slot` of a
 // block's region pair, converted to Element, V padding lanes zeroed. Kᵀ:
 // the token is column `slot`, one element every NR within each KC block
@@ -118,8 +128,8 @@ void write_token(std::byte* key_region, std::byte* value_region, std::size_t sca
   for (std::size_t col = 0; col < head_dim; col += config.nr) {
     Element* row = values + pack_b_offset(config, block_size, head_dim, slot, col);
     const std::size_t lanes = std::min(config.nr, head_dim - col);
-    for (std::size_t lane = 0; lane < config.nr; ++lane)
-      store(row[lane], lane < lanes ? v[col + lane] : 0.0f, value_scale);
+    store_row(row, v + col, lanes, value_scale);
+    std::fill(row + lanes, row + config.nr, Element{});  // +0, as every element type stores 0.0f
   }
 }
 
