@@ -201,6 +201,43 @@ TEST_CASE("gemm determinism: a row of C is bit-identical for any m, thread count
   }
 }
 
+TEST_CASE("gemm: few rows over a B that is packed (transposed, or rows 256 bytes apart) split by columns per thread: "
+          "the bits of the rows of a tall product") {
+  // Up to 48 rows, a B that cannot be read in place is packed by column
+  // chunks, one per task, on several threads; a tall A takes the shared
+  // packed block. Both must give every element the same bits.
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    const gemm_config config = gemm_config_for(path);
+    const std::size_t tall = 2 * config.mr + 5, k = config.kc + 3;
+    std::mt19937 generator(11);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (const std::size_t n : {std::size_t{2}, config.nr + 1, 9 * config.nr + 7})
+      for (const transpose trans : {transpose::no, transpose::yes}) {
+        CAPTURE(n);
+        // Untransposed rows 64 floats (256 bytes) apart at least: packed.
+        const std::size_t ld = trans == transpose::no ? (n + 63) / 64 * 64 : k + 1;
+        std::vector<float> a(tall * k), b(trans == transpose::no ? k * ld : n * ld);
+        for (float& x : a) x = uniform(generator);
+        for (float& x : b) x = uniform(generator);
+        auto run = [&](std::size_t row0, std::size_t rows, int threads) {
+          std::vector<float> c(rows * n);
+          tbb::task_arena arena(threads);
+          arena.execute([&] {
+            gemm({rows, n, k}, 1.0f, {a.data() + row0 * k, k, transpose::no}, {b.data(), ld, trans}, 0.0f, c.data(),
+                 n, path);
+          });
+          return c;
+        };
+        const std::vector<float> full = run(0, tall, 1);
+        for (const std::size_t rows : {std::size_t{5}, config.mr + 1})
+          for (const int threads : {1, 2, 3}) {
+            const std::vector<float> some = run(3, rows, threads);
+            CHECK(std::memcmp(some.data(), full.data() + 3 * n, some.size() * sizeof(float)) == 0);
+          }
+      }
+  }
+}
+
 TEST_CASE("gemm: A read in place or packed gives the same bits (kernel_config_row::a_in_place_panels)") {
   // Every path, whatever this CPU's row says: A packed unless one panel,
   // against A read in place for every shape; M over several panels with the

@@ -178,9 +178,10 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
   };
   if (groups > 1) {
     constexpr std::size_t a_panels_per_task = 8;
-    for_each_index(ceil_div(a_panels, a_panels_per_task), 32.0 * double(m) * double(depth), [&](std::size_t task) {
-      pack_a_panels(task * a_panels_per_task, std::min(a_panels, (task + 1) * a_panels_per_task));
-    });
+    for_each_index(ceil_div(a_panels, a_panels_per_task),
+                   flops_per_byte_moved * sizeof(float) * double(m) * double(depth), [&](std::size_t task) {
+                     pack_a_panels(task * a_panels_per_task, std::min(a_panels, (task + 1) * a_panels_per_task));
+                   });
   }
   const std::size_t a_row_stride = a_in_place ? a.ld : 1, a_k_stride = a_in_place ? 1 : config.mr;
   // A panel a_index (its rows `span`) from the block's first k.
@@ -304,7 +305,10 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       b = b_next;
     }
   };
-  for_each_index(ceil_div(a_panels, block_panels) * groups, 2.0 * double(m) * double(cols) * double(depth), run_task);
+  // Each B element of the block is read once (from DRAM when B streams).
+  for_each_index(ceil_div(a_panels, block_panels) * groups,
+                 (2.0 * double(m) + flops_per_byte_moved * double(element_size)) * double(cols) * double(depth),
+                 run_task);
 }
 
 // The JC and PC loops; block(col0, cols, k0, depth) yields op(B)'s block.
@@ -342,12 +346,17 @@ constexpr std::size_t set_conflict_row_bytes = 256;
 // Covers the columns up to the last multiple of NR; the caller does the rest.
 void multiply_streaming(const gemm_config& config, gemm_shape shape, float alpha, gemm_operand a, gemm_operand b,
                         float beta, float* c, std::size_t ldc) {
-  // Accumulators of one chunk: 16 KiB, half of L1, whatever the row count.
-  const std::size_t chunk_cols = std::max(config.nr, 4096 / shape.m / config.nr * config.nr);
+  // Accumulators of one chunk: at most 16 KiB, half of L1, whatever the row
+  // count; with several threads, at least ~4 chunks each (a column's sum is
+  // the same in any chunk).
   const std::size_t cols = shape.n / config.nr * config.nr;
+  const std::size_t threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
+  const std::size_t thread_cols = threads < 2 ? cols : round_up(ceil_div(cols, 4 * threads), config.nr);
+  const std::size_t chunk_cols = std::max(config.nr, std::min(thread_cols, 4096 / shape.m / config.nr * config.nr));
   const std::size_t a_row_stride = a.trans == transpose::no ? a.ld : 1;
   const std::size_t a_k_stride = a.trans == transpose::no ? 1 : a.ld;
-  for_each_index(ceil_div(cols, chunk_cols), 2.0 * double(shape.m * cols) * double(shape.k), [&](std::size_t chunk) {
+  const double work = (2.0 * double(shape.m) + flops_per_byte_moved * sizeof(float)) * double(cols) * double(shape.k);
+  for_each_index(ceil_div(cols, chunk_cols), work, [&](std::size_t chunk) {
     const std::size_t col = chunk * chunk_cols;
     const std::size_t chunk_width = std::min(chunk_cols, cols - col);
     scratch_lease acc(shape.m * chunk_width);
@@ -381,6 +390,24 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
   }
   const bool in_place =
       b.trans == transpose::no && shape.m <= in_place_b_max_rows && b.ld * sizeof(float) % set_conflict_row_bytes != 0;
+  // Few rows over a B to be packed, on several threads: each task packs and
+  // multiplies its own chunk of columns, so no core reads panels another core
+  // has just written. Shared panels made 32 x 4096 x 128 at 2 threads slower
+  // than at 1 (Zen 5: 310 us against 240; packed ahead of time, 98).
+  // Every element keeps its arithmetic: chunks are whole NR panels.
+  const std::size_t threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
+  if (!in_place && shape.m <= in_place_b_max_rows && threads >= 2 && !gemm_serial_scope::active() && shape.n > nr) {
+    const std::size_t chunk_cols = round_up(ceil_div(shape.n, 4 * threads), nr);
+    const double work = (2.0 * double(shape.m) + 2 * flops_per_byte_moved * sizeof(float)) * double(shape.n * shape.k);
+    for_each_index(ceil_div(shape.n, chunk_cols), work, [&](std::size_t chunk) {
+      const gemm_serial_scope serial;
+      const std::size_t col = chunk * chunk_cols;
+      const gemm_operand b_chunk = b.trans == transpose::no ? gemm_operand{b.data + col, b.ld, b.trans}
+                                                            : gemm_operand{b.data + col * b.ld, b.ld, b.trans};
+      gemm({shape.m, std::min(chunk_cols, shape.n - col), shape.k}, alpha, a, b_chunk, beta, c + col, ldc, config);
+    });
+    return;
+  }
   const std::size_t packed_cols = in_place ? nr : round_up(std::min(shape.n, config.nc), nr);
   scratch_lease b_packed(packed_cols * std::min(shape.k, config.kc));
 
@@ -390,15 +417,16 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
       if (tail_cols != 0) pack_b(b, k0, depth, col0 + cols - tail_cols, tail_cols, nr, b_packed.data());
       return b_block{b.data + k0 * b.ld + col0, nr, b.ld, tail_cols != 0 ? b_packed.data() : nullptr};
     }
-    // Packing moves memory: weigh an element like 32 flops of compute. Each
-    // task packs 16 panels: an untransposed B is then read 1 KiB of a row at
+    // Each task packs 16 panels: an untransposed B is then read 1 KiB of a row at
     // a time (measured 2-4x faster than one 64-byte panel row per row on Zen 3).
     constexpr std::size_t panels_per_task = 16;
     const std::size_t columns_per_task = panels_per_task * nr;
-    for_each_index(ceil_div(cols, columns_per_task), 32.0 * double(cols) * double(depth), [&](std::size_t task) {
-      const std::size_t col = task * columns_per_task;
-      pack_b(b, k0, depth, col0 + col, std::min(columns_per_task, cols - col), nr, b_packed.data() + col * depth);
-    });
+    for_each_index(ceil_div(cols, columns_per_task),
+                   flops_per_byte_moved * sizeof(float) * double(cols) * double(depth), [&](std::size_t task) {
+                     const std::size_t col = task * columns_per_task;
+                     pack_b(b, k0, depth, col0 + col, std::min(columns_per_task, cols - col), nr,
+                            b_packed.data() + col * depth);
+                   });
     return b_block{b_packed.data(), depth * nr, nr, nullptr};
   };
   multiply(config, shape.m, shape.n, shape.k, alpha, a, a_rounding::none, beta, c, ldc, block);

@@ -182,13 +182,14 @@ void gemm_bf16_with(const bf16_kernels& kernels, gemm_shape shape, gemm_operand 
     const std::size_t a_panel_elements = mr * 2 * pairs, b_panel_elements = 2 * pairs * bf16_nr;
     scratch_lease a_packed(ceil_div(a_panels * a_panel_elements, 2));
     bf16_bits* const a_block = reinterpret_cast<bf16_bits*>(a_packed.data());
-    for_each_index(a_panels, 32.0 * double(m) * double(depth), [&](std::size_t panel) {
+    for_each_index(a_panels, flops_per_byte_moved * sizeof(float) * double(m) * double(depth), [&](std::size_t panel) {
       pack_a_panel(kernels, a, panel * mr, std::min(mr, m - panel * mr), k0, depth, pairs,
                    a_block + panel * a_panel_elements);
     });
     const bf16_bits* const b_block = b.panels() + k0 * padded_n;
     const float block_beta = k0 == 0 ? beta : 1.0f;
-    for_each_index(a_panels * column_tasks, 2.0 * double(m) * double(n) * double(depth), [&](std::size_t task) {
+    const double work = (2.0 * double(m) + flops_per_byte_moved * sizeof(bf16_bits)) * double(n) * double(depth);
+    for_each_index(a_panels * column_tasks, work, [&](std::size_t task) {
       const std::size_t a_panel = task / column_tasks, first = task % column_tasks * task_panels;
       const std::size_t row0 = a_panel * mr, rows = std::min(mr, m - row0);
       if (kernels.begin_task != nullptr) kernels.begin_task();
