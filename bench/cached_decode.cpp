@@ -15,7 +15,7 @@ kv_cache_config cache_config(const decode_shape& shape) {
   config.dtype = shape.dtype;
   const std::size_t block_size = shape.block_size != 0 ? shape.block_size : kv_cache_default_block_size;
   std::size_t blocks = 0;
-  for (std::size_t past : shape.pasts) blocks += (past + 1 + block_size - 1) / block_size;
+  for (std::size_t j = 0; j < shape.sequences(); ++j) blocks += (shape.past(j) + 1 + block_size - 1) / block_size;
   config.capacity_bytes = blocks * kv_cache_block_bytes(config);
   return config;
 }
@@ -30,12 +30,18 @@ engine::cached_rows rows(const kv_cache& cache, sequence_id id, std::size_t past
 }  // namespace
 
 filled_cache::filled_cache(const decode_shape& shape) : cache(cache_config(shape)) {
-  for (std::size_t i = 0; i < shape.pasts.size(); ++i) {
+  for (std::size_t j = 0; j < shape.sequences(); ++j) {
     const sequence_id id = cache.create();
-    cache.append(id, shape.pasts[i] + 1);
+    cache.append(id, shape.past(j) + 1);
     ids.push_back(id);
-    write(i, decode_kv(shape, i));
-    engine::kv_cache_internals::set_written(cache, id, 0, shape.pasts[i] + 1);  // as a forward would
+  }
+  // Each sequence's K/V generated once, written into each of its copies.
+  for (std::size_t i = 0; i < shape.pasts.size(); ++i) {
+    const sequence_kv kv = decode_kv(shape, i);
+    for (std::size_t j = i; j < shape.sequences(); j += shape.pasts.size()) {
+      write(j, kv);
+      engine::kv_cache_internals::set_written(cache, ids[j], 0, shape.past(j) + 1);  // as a forward would
+    }
   }
 }
 
@@ -44,9 +50,9 @@ void filled_cache::write(std::size_t i, const sequence_kv& kv) {
 }
 
 cached_decode::cached_decode(const decode_shape& shape) : shape_(shape), filled_(shape), calls_(shape.calls()) {
-  for (std::size_t i = 0; i < shape.pasts.size(); ++i) {
-    std::vector<engine::cached_rows>& call = calls_[i / shape.per_call];
-    call.push_back(rows(filled_.cache, filled_.ids[i], shape.pasts[i], call.size()));
+  for (std::size_t j = 0; j < shape.sequences(); ++j) {
+    std::vector<engine::cached_rows>& call = calls_[j / shape.per_call];
+    call.push_back(rows(filled_.cache, filled_.ids[j], shape.past(j), call.size()));
   }
 }
 

@@ -12,15 +12,16 @@
 
 namespace kvhead::bench {
 
-// A cache holding every sequence's past + 1 tokens of K/V (decode_kv).
+// A cache holding every sequence's past + 1 tokens of K/V (decode_kv), for
+// each of the shape's replicas.
 struct filled_cache {
   kv_cache cache;
-  std::vector<sequence_id> ids;  // sequence i of the shape
+  std::vector<sequence_id> ids;  // sequence j of the rotation (decode_shape::past)
 
   explicit filled_cache(const decode_shape& shape);
 
-  /// Writes sequence i's whole K/V (decode_kv) into its blocks of layer 0,
-  /// converted to the cache's dtype, as a prefill does.
+  /// Writes a sequence's whole K/V (decode_kv) into the blocks of layer 0 of
+  /// sequence j of the rotation, converted to the cache's dtype, as a prefill does.
   void write(std::size_t i, const sequence_kv& kv);
 };
 

@@ -17,13 +17,26 @@
 //       bytes written);
 //   decode_block_size/block:<b>/threads:1, decode_block_size_<dtype>/...  S1
 //       over f32 (bf16, f16, int8) caches of block size b (every block size
-//       is read in place).
+//       is read in place);
+//   S1_decode_gqa_dtypes/threads:1, S5_decode_ragged16_dtypes/threads:1  the
+//       shape over f32, bf16, f16 and int8 caches, and
+//   decode_block_sizes/threads:1, decode_block_sizes_<dtype>/threads:1  S1
+//       at blocks 16 to 256: variants timed in the same iterations, one call
+//       of each in turn, so that the host's drift (these shared machines
+//       move by 5-30% within a minute) falls on all of them alike. Counters
+//       <variant>_us (median time of a call) and <variant>_ratio: the median
+//       over iterations of its time over f32's in the same iteration, or its
+//       median over the lowest median of the block sizes.
 // Counters: gbps = K/V bytes read per call (stored elements, plus int8's
 // scales), gflops = 4 H d (past + 1), and pct_dram, except S4 (each K/V byte
 // serves 32 query heads): pct_peak, of the FMA peak, over a bf16 or int8
 // cache of the peak of its products' unit (bench/limits.hpp).
+#include <algorithm>
+#include <chrono>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <tbb/task_arena.h>
 
@@ -31,7 +44,9 @@
 #include "bench/cached_decode.hpp"
 #include "bench/kvhead_runs.hpp"
 
-void kvhead::bench::run_cached_decode(benchmark::State& state, const decode_shape& shape, bound_by limit, int threads) {
+void kvhead::bench::run_cached_decode(benchmark::State& state, const decode_shape& one_rotation, bound_by limit,
+                                      int threads) {
+  const decode_shape shape = from_dram(one_rotation);
   const cached_decode decode(shape);
   const auto q = decode_queries(shape);
   std::vector<float> out(q.size());
@@ -47,6 +62,52 @@ void kvhead::bench::run_cached_decode(benchmark::State& state, const decode_shap
 }
 
 namespace {
+
+// The middle value (the upper middle for an even count).
+double median(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + std::ptrdiff_t(values.size() / 2), values.end());
+  return values[values.size() / 2];
+}
+
+// What run_interleaved divides each variant's time by.
+enum class compare_to { first, fastest };
+
+// Variants of one decode (the same calls, other caches), one call of each in
+// turn per iteration, on range(0) threads; counters as the header says.
+void run_interleaved(benchmark::State& state,
+                     const std::vector<std::pair<std::string, kvhead::bench::decode_shape>>& variants,
+                     compare_to baseline) {
+  std::vector<kvhead::bench::decode_shape> shapes;
+  std::vector<std::unique_ptr<kvhead::bench::cached_decode>> decodes;
+  for (const auto& variant : variants) {
+    shapes.push_back(kvhead::bench::from_dram(variant.second));
+    decodes.push_back(std::make_unique<kvhead::bench::cached_decode>(shapes.back()));
+  }
+  const auto q = kvhead::bench::decode_queries(shapes.front());
+  std::vector<float> out(q.size());
+  tbb::task_arena arena(int(state.range(0)));
+  for (const auto& decode : decodes) arena.execute([&] { decode->run(0, q.data(), out.data()); });  // untimed
+  std::vector<std::vector<double>> seconds(variants.size());
+  std::size_t next = 0;
+  for (auto _ : state) {
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      const auto start = std::chrono::steady_clock::now();
+      arena.execute([&] { decodes[v]->run(next % shapes[v].calls(), q.data(), out.data()); });
+      seconds[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      benchmark::DoNotOptimize(out.data());
+    }
+    ++next;
+  }
+  double fastest = median(seconds[0]);
+  for (const std::vector<double>& times : seconds) fastest = std::min(fastest, median(times));
+  for (std::size_t v = 0; v < variants.size(); ++v) {
+    std::vector<double> ratios;  // paired with the first variant's call of the same iteration
+    for (std::size_t i = 0; i < seconds[v].size(); ++i) ratios.push_back(seconds[v][i] / seconds[0][i]);
+    state.counters[variants[v].first + "_us"] = median(seconds[v]) * 1e6;
+    state.counters[variants[v].first + "_ratio"] =
+        baseline == compare_to::first ? median(ratios) : median(seconds[v]) / fastest;
+  }
+}
 
 using kvhead::bench::bound_by;
 using kvhead::bench::decode_shape;
@@ -100,6 +161,24 @@ void decode_block_size(benchmark::State& state, kvhead::kv_dtype dtype) {
   run_cached_decode(state, shape, bound_by::dram_read, int(state.range(1)));
 }
 
+void decode_dtypes(benchmark::State& state, decode_shape shape) {
+  std::vector<std::pair<std::string, decode_shape>> variants;
+  for (const kvhead::kv_dtype dtype :
+       {kvhead::kv_dtype::f32, kvhead::kv_dtype::bf16, kvhead::kv_dtype::f16, kvhead::kv_dtype::int8})
+    variants.emplace_back(kvhead::to_string(dtype), with_dtype(shape, dtype));
+  run_interleaved(state, variants, compare_to::first);
+}
+
+void decode_block_sizes(benchmark::State& state, kvhead::kv_dtype dtype) {
+  std::vector<std::pair<std::string, decode_shape>> variants;
+  for (const std::size_t block : {16, 32, 64, 128, 256}) {
+    decode_shape shape = with_dtype(kvhead::bench::s1_decode_gqa(), dtype);
+    shape.block_size = block;
+    variants.emplace_back("block" + std::to_string(block), shape);
+  }
+  run_interleaved(state, variants, compare_to::fastest);
+}
+
 // "<name>" for f32, "<name>_<dtype>" for the others.
 std::string dtype_name(const char* name, kvhead::kv_dtype dtype) {
   return dtype == kvhead::kv_dtype::f32 ? std::string(name) : std::string(name) + "_" + kvhead::to_string(dtype);
@@ -115,6 +194,14 @@ const bool registered = [] {
     bench->ArgNames({"block", "threads"})->UseRealTime();
     for (const std::int64_t block : {16, 32, 64, 128, 256}) bench->Args({block, 1});
   }
+  for (const kvhead::kv_dtype dtype : dtypes)
+    benchmark::RegisterBenchmark(dtype_name("decode_block_sizes", dtype).c_str(), decode_block_sizes, dtype)
+        ->ArgNames({"threads"})
+        ->Arg(1)
+        ->UseRealTime();
+  for (const auto& [name, shape] : {std::pair{"S1_decode_gqa_dtypes", kvhead::bench::s1_decode_gqa()},
+                                    std::pair{"S5_decode_ragged16_dtypes", kvhead::bench::s5_decode_ragged16()}})
+    benchmark::RegisterBenchmark(name, decode_dtypes, shape)->ArgNames({"threads"})->Arg(1)->UseRealTime();
   for (const kvhead::kv_dtype dtype : dtypes)
     benchmark::RegisterBenchmark(dtype_name("cache_write", dtype).c_str(), cache_write, dtype)
         ->ArgNames({"threads"})

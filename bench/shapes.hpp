@@ -1,8 +1,8 @@
 // The attention shapes S1-S5 of the benchmarks: geometry, seeded inputs and
 // the flop and byte formulas, shared by the kvhead benchmarks, their textbook
 // baselines and the sweeps, so every ratio between them is direct.
-//   S1_decode_gqa       32 q heads, 8 kv heads, d 128, past 4096, rotating
-//                       over 5 sequences (168 MB of K/V) so K/V come from DRAM;
+//   S1_decode_gqa       32 q heads, 8 kv heads, d 128, past 4096, one call
+//                       per sequence of 5 (168 MB of fp32 K/V) in turn;
 //   S2_prefill_gqa_causal  32/8 heads, d 128, 1024 tokens, causal, attention
 //                       only (8.59 GFLOP);
 //   S3_mha_layer        whole layer: d_model 512, 8 heads, batch 4, seq 512, no
@@ -13,6 +13,13 @@
 //   S6_decode_swa       S1's geometry at past 16384 with a sliding window of
 //                       4096 (5 sequences, 671 MB cached, 168 MB read per
 //                       rotation), against S1 itself (past 4096, no window).
+// Every decode benchmark rotates its calls over copies of its sequences
+// (decode_shape::replicas, from_dram) until they read at least
+// min_rotation_bytes, so that K/V come from DRAM whatever the dtype: S1's 5
+// sequences are 42 MB over an int8 cache, and a last-level cache of 32 MiB
+// or more then serves part of each call (Zen 5, one call per sequence in
+// turn: int8 347 us over 5 sequences, 549 over 20; bf16 618 and 807; f32
+// 1106 and 1242).
 // Decode counts (attention only, one new token per sequence): flops 4 H d
 // (past + 1), bytes the K/V read; with a window W, min(past + 1, W) keys. Prefill: flops 4 H d L(L+1)/2 (q kᵀ and p v
 // over the causal triangle), bytes q, k, v and out once.
@@ -35,21 +42,26 @@ struct decode_shape {
   std::size_t block_size = 0;      // cache tokens per block, 0: the cache's default
   kv_dtype dtype = kv_dtype::f32;  // how the cache stores K/V
   std::size_t window = 0;          // sliding window, 0: none
+  std::size_t replicas = 1;        // the calls rotate over this many copies of the sequences (from_dram)
 
-  std::size_t calls() const { return pasts.size() / per_call; }
+  std::size_t sequences() const { return pasts.size() * replicas; }
+  // Sequence j of the rotation is a copy of sequence j % pasts.size().
+  std::size_t past(std::size_t j) const { return pasts[j % pasts.size()]; }
+  std::size_t calls() const { return sequences() / per_call; }
   // The sequences of the first call only (the same data: inputs are seeded per sequence).
   decode_shape first_call() const {
     decode_shape first = *this;
     first.pasts.resize(per_call);
+    first.replicas = 1;
     return first;
   }
   // Per call, averaged over the rotation.
-  double flops_per_call() const { return 4.0 * double(heads * head_dim) * keys() / double(calls()); }
+  double flops_per_call() const { return 4.0 * double(heads * head_dim) * keys() * double(replicas) / double(calls()); }
   // K/V bytes read: the stored elements (and, for int8, one fp32 scale per key and kv head for each of K, V).
   double bytes_per_call() const {
     const double element = dtype == kv_dtype::f32 ? 4.0 : dtype == kv_dtype::int8 ? 1.0 : 2.0;
     const double scales = dtype == kv_dtype::int8 ? 2.0 * double(kv_heads) * sizeof(float) : 0.0;
-    return (2.0 * double(kv_heads * head_dim) * element + scales) * keys() / double(calls());
+    return (2.0 * double(kv_heads * head_dim) * element + scales) * keys() * double(replicas) / double(calls());
   }
 
  private:
@@ -79,6 +91,19 @@ inline sequence_kv decode_kv(const decode_shape& shape, std::size_t i) {
   const std::size_t values = (shape.pasts[i] + 1) * shape.kv_heads * shape.head_dim;
   return {random_floats(values, unsigned(i + 1)), random_floats(values, unsigned(i + 1001))};
 }
+// At least this many K/V bytes read per rotation of a decode benchmark's
+// calls: several times the last-level cache of the CPUs seen (Zen 5 32 MiB
+// per CCD; the Xeons' shared L3 is larger).
+inline constexpr double min_rotation_bytes = 512.0 * 1024 * 1024;
+
+// The shape with enough replicas of its sequences to read min_rotation_bytes per rotation.
+inline decode_shape from_dram(decode_shape shape) {
+  shape.replicas = 1;
+  const double rotation = shape.bytes_per_call() * double(shape.calls());
+  shape.replicas = std::max<std::size_t>(1, std::size_t(std::ceil(min_rotation_bytes / rotation)));
+  return shape;
+}
+
 // The new tokens' queries of one call, [per_call, heads, head_dim].
 inline std::vector<float> decode_queries(const decode_shape& shape) {
   return random_floats(shape.per_call * shape.heads * shape.head_dim, 7);

@@ -60,7 +60,9 @@ void head_attention(const float* q, const float* k, const float* v, std::size_t 
 }  // namespace
 
 textbook_decode::textbook_decode(const decode_shape& shape) : shape_(shape) {
+  cache_.reserve(shape.sequences());
   for (std::size_t i = 0; i < shape.pasts.size(); ++i) cache_.push_back(decode_kv(shape, i));
+  for (std::size_t j = shape.pasts.size(); j < shape.sequences(); ++j) cache_.push_back(cache_[j % shape.pasts.size()]);
   const std::size_t keys = *std::max_element(shape.pasts.begin(), shape.pasts.end()) + 1;
   k_heads_.resize(shape.heads * keys * shape.head_dim);
   v_heads_.resize(k_heads_.size());
@@ -71,7 +73,7 @@ void textbook_decode::run(std::size_t call, const float* q, float* out) {
   const std::size_t d = shape_.head_dim, heads = shape_.heads;
   for (std::size_t row = 0; row < shape_.per_call; ++row) {
     const std::size_t sequence = call * shape_.per_call + row;
-    const std::size_t keys = shape_.pasts[sequence] + 1;
+    const std::size_t keys = shape_.past(sequence) + 1;
     const head_layout cached{shape_.kv_heads, d, shape_.kv_heads * d}, repeated{heads, keys * d, d};
     copy_heads(cache_[sequence].k.data(), cached, k_heads_.data(), repeated, keys, d);
     copy_heads(cache_[sequence].v.data(), cached, v_heads_.data(), repeated, keys, d);

@@ -45,7 +45,8 @@ bool agrees(benchmark::State& state, const std::vector<float>& textbook, const s
   return false;
 }
 
-void run_textbook_decode(benchmark::State& state, const decode_shape& shape, bound_by limit) {
+void run_textbook_decode(benchmark::State& state, const decode_shape& one_rotation, bound_by limit) {
+  const decode_shape shape = from_dram(one_rotation);
   const int threads = int(state.range(0));
   openblas_set_num_threads(threads);
   textbook_decode textbook(shape);
