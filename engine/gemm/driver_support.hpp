@@ -31,6 +31,13 @@ void validate_c(const float* c, std::size_t ldc, std::size_t m, std::size_t n);
 /// of fp32 weights) is 1.6 Mflop but 3 MiB read.
 constexpr double flops_per_byte_moved = 8.0;
 
+/// How many tasks to cut a step into: about 4 per thread of the current
+/// arena (work stealing evens out the rest), 1 on a single thread.
+inline std::size_t wanted_tasks() {
+  const auto threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
+  return threads < 2 ? 1 : 4 * threads;
+}
+
 /// Runs body(i) for i in [0, count): in parallel when the step is worth it
 /// (and no gemm_serial_scope is open on this thread). Which thread runs an
 /// index never changes what it computes.

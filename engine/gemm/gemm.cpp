@@ -146,8 +146,7 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
   // Tasks: equal blocks of A panels (at most MC rows: the A block stays in
   // L2) times groups of panels. With several threads, aim for ~4 tasks
   // each, cutting rows first, then columns, into near-equal parts.
-  const std::size_t threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-  const std::size_t wanted = threads < 2 ? 1 : 4 * threads;
+  const std::size_t wanted = wanted_tasks();
   const std::size_t row_blocks = std::clamp<std::size_t>(wanted, ceil_div(m, config.mc), a_panels);
   const std::size_t block_panels = ceil_div(a_panels, row_blocks);
   const std::size_t panel_groups =
@@ -347,11 +346,10 @@ constexpr std::size_t set_conflict_row_bytes = 256;
 void multiply_streaming(const gemm_config& config, gemm_shape shape, float alpha, gemm_operand a, gemm_operand b,
                         float beta, float* c, std::size_t ldc) {
   // Accumulators of one chunk: at most 16 KiB, half of L1, whatever the row
-  // count; with several threads, at least ~4 chunks each (a column's sum is
-  // the same in any chunk).
+  // count; with several threads, at least wanted_tasks() chunks (a column's
+  // sum is the same in any chunk).
   const std::size_t cols = shape.n / config.nr * config.nr;
-  const std::size_t threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-  const std::size_t thread_cols = threads < 2 ? cols : round_up(ceil_div(cols, 4 * threads), config.nr);
+  const std::size_t thread_cols = round_up(ceil_div(cols, wanted_tasks()), config.nr);
   const std::size_t chunk_cols = std::max(config.nr, std::min(thread_cols, 4096 / shape.m / config.nr * config.nr));
   const std::size_t a_row_stride = a.trans == transpose::no ? a.ld : 1;
   const std::size_t a_k_stride = a.trans == transpose::no ? 1 : a.ld;
@@ -395,9 +393,9 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
   // has just written. Shared panels made 32 x 4096 x 128 at 2 threads slower
   // than at 1 (Zen 5: 310 us against 240; packed ahead of time, 98).
   // Every element keeps its arithmetic: chunks are whole NR panels.
-  const std::size_t threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
-  if (!in_place && shape.m <= in_place_b_max_rows && threads >= 2 && !gemm_serial_scope::active() && shape.n > nr) {
-    const std::size_t chunk_cols = round_up(ceil_div(shape.n, 4 * threads), nr);
+  const std::size_t wanted = wanted_tasks();
+  if (!in_place && shape.m <= in_place_b_max_rows && wanted > 1 && !gemm_serial_scope::active() && shape.n > nr) {
+    const std::size_t chunk_cols = round_up(ceil_div(shape.n, wanted), nr);
     const double work = (2.0 * double(shape.m) + 2 * flops_per_byte_moved * sizeof(float)) * double(shape.n * shape.k);
     for_each_index(ceil_div(shape.n, chunk_cols), work, [&](std::size_t chunk) {
       const gemm_serial_scope serial;
