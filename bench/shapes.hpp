@@ -16,10 +16,10 @@
 // Every decode benchmark rotates its calls over copies of its sequences
 // (decode_shape::replicas, from_dram) until they read at least
 // min_rotation_bytes, so that K/V come from DRAM whatever the dtype: S1's 5
-// sequences are 42 MB over an int8 cache, and a last-level cache of 32 MiB
-// or more then serves part of each call (Zen 5, one call per sequence in
-// turn: int8 347 us over 5 sequences, 549 over 20; bf16 618 and 807; f32
-// 1106 and 1242).
+// sequences are 42 MB over an int8 cache, near a last-level cache of 32 MiB
+// or more, which can then serve part of each call (Zen 5, one call per
+// sequence in turn: int8 347 us over 5 sequences and 549 over 20 in one
+// run, 498 and 626 in another; the host's noise is as large).
 // Decode counts (attention only, one new token per sequence): flops 4 H d
 // (past + 1), bytes the K/V read; with a window W, min(past + 1, W) keys. Prefill: flops 4 H d L(L+1)/2 (q kᵀ and p v
 // over the causal triangle), bytes q, k, v and out once.
@@ -94,7 +94,7 @@ inline sequence_kv decode_kv(const decode_shape& shape, std::size_t i) {
 // At least this many K/V bytes read per rotation of a decode benchmark's
 // calls: several times the last-level cache of the CPUs seen (Zen 5 32 MiB
 // per CCD; the Xeons' shared L3 is larger).
-inline constexpr double min_rotation_bytes = 512.0 * 1024 * 1024;
+inline constexpr double min_rotation_bytes = 256.0 * 1024 * 1024;
 
 // The shape with enough replicas of its sequences to read min_rotation_bytes per rotation.
 inline decode_shape from_dram(decode_shape shape) {
