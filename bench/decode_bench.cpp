@@ -155,10 +155,15 @@ void cache_write(benchmark::State& state, kvhead::kv_dtype dtype) {
 }
 
 // range(0): block size, range(1): threads.
-void decode_block_size(benchmark::State& state, kvhead::kv_dtype dtype) {
+// S1 over a cache of `dtype` in blocks of `block` tokens.
+decode_shape s1_in_blocks(kvhead::kv_dtype dtype, std::size_t block) {
   decode_shape shape = with_dtype(kvhead::bench::s1_decode_gqa(), dtype);
-  shape.block_size = std::size_t(state.range(0));
-  run_cached_decode(state, shape, bound_by::dram_read, int(state.range(1)));
+  shape.block_size = block;
+  return shape;
+}
+
+void decode_block_size(benchmark::State& state, kvhead::kv_dtype dtype) {
+  run_cached_decode(state, s1_in_blocks(dtype, std::size_t(state.range(0))), bound_by::dram_read, int(state.range(1)));
 }
 
 void decode_dtypes(benchmark::State& state, decode_shape shape) {
@@ -171,11 +176,8 @@ void decode_dtypes(benchmark::State& state, decode_shape shape) {
 
 void decode_block_sizes(benchmark::State& state, kvhead::kv_dtype dtype) {
   std::vector<std::pair<std::string, decode_shape>> variants;
-  for (const std::size_t block : {16, 32, 64, 128, 256}) {
-    decode_shape shape = with_dtype(kvhead::bench::s1_decode_gqa(), dtype);
-    shape.block_size = block;
-    variants.emplace_back("block" + std::to_string(block), shape);
-  }
+  for (const std::size_t block : {16, 32, 64, 128, 256})
+    variants.emplace_back("block" + std::to_string(block), s1_in_blocks(dtype, block));
   run_interleaved(state, variants, compare_to::fastest);
 }
 

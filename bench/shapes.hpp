@@ -56,19 +56,20 @@ struct decode_shape {
     return first;
   }
   // Per call, averaged over the rotation.
-  double flops_per_call() const { return 4.0 * double(heads * head_dim) * keys() * double(replicas) / double(calls()); }
+  double flops_per_call() const { return 4.0 * double(heads * head_dim) * keys_per_call(); }
   // K/V bytes read: the stored elements (and, for int8, one fp32 scale per key and kv head for each of K, V).
   double bytes_per_call() const {
     const double element = dtype == kv_dtype::f32 ? 4.0 : dtype == kv_dtype::int8 ? 1.0 : 2.0;
     const double scales = dtype == kv_dtype::int8 ? 2.0 * double(kv_heads) * sizeof(float) : 0.0;
-    return (2.0 * double(kv_heads * head_dim) * element + scales) * keys() * double(replicas) / double(calls());
+    return (2.0 * double(kv_heads * head_dim) * element + scales) * keys_per_call();
   }
 
  private:
-  double keys() const {
+  // Keys read per call, averaged over the rotation (every replica reads its sequences' keys).
+  double keys_per_call() const {
     double total = 0.0;
     for (std::size_t past : pasts) total += double(window == 0 ? past + 1 : std::min(past + 1, window));
-    return total;
+    return total * double(replicas) / double(calls());
   }
 };
 
