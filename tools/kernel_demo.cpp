@@ -31,10 +31,10 @@ std::string cache_text(std::size_t bytes) { return bytes == 0 ? "?" : std::to_st
 // row marked, and why it was chosen and how its blocks follow from the caches.
 void print_configuration() {
   const engine::cpu_info& cpu = engine::host_cpu();
-  std::printf("CPU: %s (%s, family 0x%x, model 0x%x); L1d %s, L2 %s, L3 %s shared by %zu CPU(s)\n",
+  std::printf("CPU: %s (%s, family 0x%x, model 0x%x); L1d %s, L2 %s, L3 %s shared by %zu CPU(s), from %s\n",
               cpu.model_name.empty() ? "unnamed" : cpu.model_name.c_str(), cpu.vendor.c_str(), cpu.family, cpu.model,
               cache_text(cpu.l1d_bytes).c_str(), cache_text(cpu.l2_bytes).c_str(), cache_text(cpu.l3_bytes).c_str(),
-              cpu.l3_sharing);
+              cpu.l3_sharing, cpu.cache_source);
   const engine::kernel_config& chosen = engine::kernel_config_for(active_simd_path());
   std::printf("configurations (KVHEAD_CONFIG=<name> forces one):\n");
   for (const engine::kernel_config_row& row : engine::kernel_config_rows)

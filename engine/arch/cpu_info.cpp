@@ -83,17 +83,33 @@ cpu_info detect() {
   }
 
   constexpr unsigned amd_topology_extensions = 1u << 22;  // CPUID 0x80000001 ECX: leaf 0x8000001D exists
-  if (cpu.is_amd() && max_extended >= 0x8000001d && (cpuid(0x80000001).ecx & amd_topology_extensions) != 0)
+  if (cpu.is_amd() && max_extended >= 0x8000001d && (cpuid(0x80000001).ecx & amd_topology_extensions) != 0) {
     read_cache_leaf(0x8000001d, cpu);
-  else if (vendor.eax >= 4)
+    if (cpu.l2_bytes != 0) cpu.cache_source = "CPUID leaf 0x8000001D";
+  } else if (vendor.eax >= 4) {
     read_cache_leaf(4, cpu);
+    if (cpu.l2_bytes != 0) cpu.cache_source = "CPUID leaf 4";
+  }
   if (cpu.l1d_bytes == 0) cpu.l1d_bytes = sysfs_cache_bytes(0);
-  if (cpu.l2_bytes == 0) cpu.l2_bytes = sysfs_cache_bytes(2);
   if (cpu.l3_bytes == 0) cpu.l3_bytes = sysfs_cache_bytes(3);
+  if (cpu.l2_bytes == 0) {
+    cpu.l2_bytes = sysfs_cache_bytes(2);
+    if (cpu.l2_bytes != 0) cpu.cache_source = "sysfs";
+  }
+  if (cpu.l2_bytes == 0 && cpu.is_amd() && max_extended >= 0x80000006) {
+    const legacy_cache_sizes legacy = decode_amd_legacy_cache_leaves(cpuid(0x80000005).ecx, cpuid(0x80000006).ecx);
+    if (cpu.l1d_bytes == 0) cpu.l1d_bytes = legacy.l1d_bytes;
+    cpu.l2_bytes = legacy.l2_bytes;
+    if (cpu.l2_bytes != 0) cpu.cache_source = "CPUID leaves 0x80000005/6 (AMD legacy; no L3)";
+  }
   return cpu;
 }
 
 }  // namespace
+
+legacy_cache_sizes decode_amd_legacy_cache_leaves(unsigned leaf_80000005_ecx, unsigned leaf_80000006_ecx) {
+  return {std::size_t(leaf_80000005_ecx >> 24) << 10, std::size_t(leaf_80000006_ecx >> 16) << 10};
+}
 
 const cpu_info& host_cpu() {
   static const cpu_info cpu = detect();
