@@ -96,18 +96,18 @@ cpu_info detect() {
     cpu.l2_bytes = sysfs_cache_bytes(2);
     if (cpu.l2_bytes != 0) cpu.cache_source = "sysfs";
   }
-  if (cpu.l2_bytes == 0 && cpu.is_amd() && max_extended >= 0x80000006) {
-    const legacy_cache_sizes legacy = decode_amd_legacy_cache_leaves(cpuid(0x80000005).ecx, cpuid(0x80000006).ecx);
-    if (cpu.l1d_bytes == 0) cpu.l1d_bytes = legacy.l1d_bytes;
-    cpu.l2_bytes = legacy.l2_bytes;
-    if (cpu.l2_bytes != 0) cpu.cache_source = "CPUID leaves 0x80000005/6 (AMD legacy; no L3)";
+  if (cpu.l2_bytes == 0 && max_extended >= 0x80000006) {
+    const extended_cache_sizes extended = decode_extended_cache_leaves(cpuid(0x80000005).ecx, cpuid(0x80000006).ecx);
+    if (cpu.l1d_bytes == 0) cpu.l1d_bytes = extended.l1d_bytes;
+    cpu.l2_bytes = extended.l2_bytes;
+    if (cpu.l2_bytes != 0) cpu.cache_source = "CPUID leaves 0x80000005/6 (no L3)";
   }
   return cpu;
 }
 
 }  // namespace
 
-legacy_cache_sizes decode_amd_legacy_cache_leaves(unsigned leaf_80000005_ecx, unsigned leaf_80000006_ecx) {
+extended_cache_sizes decode_extended_cache_leaves(unsigned leaf_80000005_ecx, unsigned leaf_80000006_ecx) {
   return {std::size_t(leaf_80000005_ecx >> 24) << 10, std::size_t(leaf_80000006_ecx >> 16) << 10};
 }
 

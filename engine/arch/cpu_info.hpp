@@ -15,8 +15,8 @@ struct cpu_info {
   unsigned model = 0;      // display model: extended:base for families 6 and >= 0xF
   // Cache sizes in bytes, 0 when unknown: CPUID leaf 4 (Intel) or 0x8000001D
   // (AMD), else /sys/devices/system/cpu/cpu0/cache, else (L1d and L2 only)
-  // AMD's legacy leaves 0x80000005/6, which some hypervisors fill when they
-  // leave 0x8000001D empty. l3_bytes is one L3 instance, shared by
+  // the extended leaves 0x80000005/6, which some hypervisors fill when they
+  // leave the others empty. l3_bytes is one L3 instance, shared by
   // l3_sharing logical CPUs (1 when unknown). cache_source says which.
   std::size_t l1d_bytes = 0, l2_bytes = 0, l3_bytes = 0;
   std::size_t l3_sharing = 1;
@@ -26,14 +26,15 @@ struct cpu_info {
   bool is_intel() const { return vendor == "GenuineIntel"; }
 };
 
-/// L1d and L2 in bytes from AMD's legacy cache leaves: 0x80000005 ECX[31:24]
-/// (L1d KiB) and 0x80000006 ECX[31:16] (L2 KiB). Their L3 field (0x80000006
-/// EDX) is not used: it gives no sharing, and a Zen 5 guest was seen
-/// reporting the whole socket's 508 MiB there.
-struct legacy_cache_sizes {
+/// L1d and L2 in bytes from the extended cache leaves: 0x80000005 ECX[31:24]
+/// (L1d KiB; AMD only, Intel leaves the leaf zero: unknown) and 0x80000006
+/// ECX[31:16] (L2 KiB; AMD and Intel). The L3 field (0x80000006 EDX, AMD) is
+/// not used: it gives no sharing, and a Zen 5 guest was seen reporting the
+/// whole socket's 508 MiB there.
+struct extended_cache_sizes {
   std::size_t l1d_bytes, l2_bytes;
 };
-legacy_cache_sizes decode_amd_legacy_cache_leaves(unsigned leaf_80000005_ecx, unsigned leaf_80000006_ecx);
+extended_cache_sizes decode_extended_cache_leaves(unsigned leaf_80000005_ecx, unsigned leaf_80000006_ecx);
 
 /// The CPU this process runs on.
 const cpu_info& host_cpu();
