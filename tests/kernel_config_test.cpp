@@ -113,6 +113,9 @@ TEST_CASE("cache blocks follow the caches: A block within its share of L2, B blo
       CHECK(config.nc % config.nr == 0);
       CHECK(config.nc >= 512);
       CHECK(config.nc <= 4096);
+      CHECK(config.b_sweep_panels >= 1);
+      CHECK(config.b_sweep_panels * config.kc * config.nr * sizeof(float) <=
+            std::max(l2 / 4, config.kc * config.nr * sizeof(float)));
       CHECK(!config.blocking_why.empty());
     }
   }
@@ -124,9 +127,15 @@ TEST_CASE("cache blocks follow the caches: A block within its share of L2, B blo
   CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx512, xeon), xeon).mc == 1020);
   CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx512, xeon), xeon).nc == 512);
   CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx512, zen4), zen4).nc == 2048);
+  // The sweep: a quarter of L2 in packed B panels of KC x NR floats (32 KiB at NR 32, 16 KiB at 16):
+  // Zen 5's 1 MiB -> 8, the Xeon's 2 MiB -> 16, Zen 3's 512 KiB at NR 16 -> 8, an unknown L2 -> 4.
+  CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx512, zen5), zen5).b_sweep_panels == 8);
+  CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx512, xeon), xeon).b_sweep_panels == 16);
+  CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx2, zen3), zen3).b_sweep_panels == 8);
+  CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx512, silent), silent).b_sweep_panels == 4);
 }
 
-TEST_CASE("gemm: the same bits under any cache blocking of a path (MC, NC never order a sum)") {
+TEST_CASE("gemm: the same bits under any cache blocking of a path (MC, NC and the sweep never order a sum)") {
   for (simd_path path : kvhead::supported_simd_paths()) {
     CAPTURE(kvhead::to_string(path));
     const gemm_config base = gemm_config_for(path);
@@ -138,20 +147,25 @@ TEST_CASE("gemm: the same bits under any cache blocking of a path (MC, NC never 
     for (float& x : b) x = uniform(generator);
     // The shapes of the blockings the table can produce: the smallest MC and NC
     // it allows, the largest, and odd ones in between.
+    // Sweeps of one B panel, an odd count, this machine's, and all of them.
     for (std::size_t mc : {4 * base.mr, 7 * base.mr, base.mc, 1020 / base.mr * base.mr}) {
       for (std::size_t nc : {std::size_t{512}, 3 * base.nr, base.nc}) {
-        for (bool trans_b : {false, true}) {
-          CAPTURE(mc);
-          CAPTURE(nc);
-          gemm_config blocking = base;
-          blocking.mc = mc;
-          blocking.nc = nc;
-          const gemm_operand b_op = trans_b ? gemm_operand{b.data(), k, transpose::yes}
-                                            : gemm_operand{b.data(), n, transpose::no};
-          std::vector<float> expected(m * n), got(m * n);
-          gemm({m, n, k}, 1.0f, {a.data(), k, transpose::no}, b_op, 0.0f, expected.data(), n, path);
-          gemm({m, n, k}, 1.0f, {a.data(), k, transpose::no}, b_op, 0.0f, got.data(), n, blocking);
-          CHECK(std::memcmp(expected.data(), got.data(), got.size() * sizeof(float)) == 0);
+        for (std::size_t sweep : {std::size_t{1}, std::size_t{3}, base.b_sweep_panels, std::size_t{64}}) {
+          for (bool trans_b : {false, true}) {
+            CAPTURE(mc);
+            CAPTURE(nc);
+            CAPTURE(sweep);
+            gemm_config blocking = base;
+            blocking.mc = mc;
+            blocking.nc = nc;
+            blocking.b_sweep_panels = sweep;
+            const gemm_operand b_op =
+                trans_b ? gemm_operand{b.data(), k, transpose::yes} : gemm_operand{b.data(), n, transpose::no};
+            std::vector<float> expected(m * n), got(m * n);
+            gemm({m, n, k}, 1.0f, {a.data(), k, transpose::no}, b_op, 0.0f, expected.data(), n, path);
+            gemm({m, n, k}, 1.0f, {a.data(), k, transpose::no}, b_op, 0.0f, got.data(), n, blocking);
+            CHECK(std::memcmp(expected.data(), got.data(), got.size() * sizeof(float)) == 0);
+          }
         }
       }
     }

@@ -30,6 +30,14 @@ std::string row_names() {
 // whole MR panels, at least 4 panels. NC: the packed B block (KC x NC) takes
 // at most half of this core's share of L3, whole NR panels, at most 4096
 // columns (enough to amortize the A packing over a block) and at least 512.
+// The sweep: each A panel of a block meets b_sweep_panels B panels in turn
+// (then the next A panel the same ones), a quarter of L2 of packed B, which
+// stays there beside the A block; so C is read and written a sweep's
+// columns at a time along each row, not one NR panel per row per call (Zen
+// 5, 1 MiB L2, 8 panels; in one process, 15 rounds, against one panel:
+// 2048^3 102 -> 95 ms at 1 thread and 49.2 -> 45.6 ms at 2, 1024^3 1-2%
+// faster, the other gemm shapes and S2, S3 unchanged).
+
 kernel_config resolve_kernel_config(const kernel_config_row& row, const cpu_info& cpu, std::string chosen_why) {
   constexpr std::size_t fallback_l2 = 512 << 10, most_columns = 4096, fewest_columns = 512;
   const std::size_t l2 = cpu.l2_bytes != 0 ? cpu.l2_bytes : fallback_l2;
@@ -40,14 +48,26 @@ kernel_config resolve_kernel_config(const kernel_config_row& row, const cpu_info
       cpu.l3_bytes == 0
           ? most_columns
           : std::clamp(round_down(l3_per_core / 2 / sizeof(float) / gemm_kc, row.nr), fewest_columns, most_columns);
-  std::string blocking_why = "KC " + std::to_string(gemm_kc) + " (fixed for every configuration); MC " +
-                             std::to_string(mc) + ": packed A block " + kib(mc * gemm_kc * sizeof(float)) +
-                             " = 1/" + std::to_string(row.a_block_share) + " of L2 (" + kib(cpu.l2_bytes) +
-                             (cpu.l2_bytes == 0 ? ", taken as 512 KiB" : "") + "), whole " + std::to_string(row.mr) +
-                             "-row panels; NC " + std::to_string(nc) + ": packed B block " +
-                             kib(nc * gemm_kc * sizeof(float)) + ", at most half of one core's L3 share (" +
-                             kib(l3_per_core) + "), capped at 4096 columns";
-  return {&row, row.mr, row.nr, mc, gemm_kc, nc, row.attention_rows, std::move(blocking_why), std::move(chosen_why)};
+  const std::size_t b_panel_bytes = gemm_kc * row.nr * sizeof(float);
+  const std::size_t b_sweep_panels = std::max<std::size_t>(1, l2 / 4 / b_panel_bytes);
+  std::string blocking_why =
+      "KC " + std::to_string(gemm_kc) + " (fixed for every configuration); MC " + std::to_string(mc) +
+      ": packed A block " + kib(mc * gemm_kc * sizeof(float)) + " = 1/" + std::to_string(row.a_block_share) +
+      " of L2 (" + kib(cpu.l2_bytes) + (cpu.l2_bytes == 0 ? ", taken as 512 KiB" : "") + "), whole " +
+      std::to_string(row.mr) + "-row panels; NC " + std::to_string(nc) + ": packed B block " +
+      kib(nc * gemm_kc * sizeof(float)) + ", at most half of one core's L3 share (" + kib(l3_per_core) +
+      "), capped at 4096 columns; each A panel meets " + std::to_string(b_sweep_panels) + " B panels in turn (" +
+      kib(b_sweep_panels * b_panel_bytes) + ", 1/4 of L2)";
+  return {&row,
+          row.mr,
+          row.nr,
+          mc,
+          gemm_kc,
+          nc,
+          b_sweep_panels,
+          row.attention_rows,
+          std::move(blocking_why),
+          std::move(chosen_why)};
 }
 
 const kernel_config_row& kernel_config_row_for(simd_path path, const cpu_info& cpu) {

@@ -125,8 +125,9 @@ inline constexpr std::size_t max_tile_floats = [] {
 struct kernel_config {
   const kernel_config_row* row;
   std::size_t mr, nr, mc, kc, nc;
+  std::size_t b_sweep_panels;  // B panels each A panel meets in turn (resolve_kernel_config)
   std::size_t attention_rows;
-  std::string blocking_why;  // how MC and NC followed from this CPU's caches
+  std::string blocking_why;  // how MC, NC and the sweep followed from this CPU's caches
   std::string chosen_why;    // why this row (CPU class match, or KVHEAD_CONFIG)
 };
 

@@ -210,6 +210,10 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     const std::size_t panel_end = std::min(panels, (group + 1) * panels_per_group);
     // The task's calls, one per (NR panel, A panel, row page), pages
     // innermost: each element's FMA chain runs from page to page in order.
+    // A dense B goes in sweeps of b_sweep_panels panels: each A panel meets
+    // a sweep's panels in turn, then the next A panel the same ones
+    // (kernel_config.cpp says why); pages (a KV cache's blocks, their next
+    // panel prefetched below) go one panel at a time.
     // Under a single A panel (a decode step's p v over a cache's blocks) the
     // pages go outermost instead: each page's panels, contiguous in it, are
     // read as one stream before the next page, and every element's chain
@@ -220,13 +224,17 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       std::size_t panel, a_index, page;
     };
     const bool page_major = pages > 1 && end_panel == first_panel + 1;
+    const std::size_t sweep = block.pages == nullptr ? config.b_sweep_panels : 1;
     auto after = [&](call i) {
       if (page_major) {
         if (++i.panel < panel_end) return i;
         return ++i.page < pages ? call{panel_begin, i.a_index, i.page} : call{panel_end, i.a_index, pages};
       }
       if (++i.page < pages) return i;
-      return ++i.a_index < end_panel ? call{i.panel, i.a_index, 0} : call{i.panel + 1, first_panel, 0};
+      const std::size_t sweep_begin = panel_begin + (i.panel - panel_begin) / sweep * sweep;
+      const std::size_t sweep_end = std::min(panel_end, sweep_begin + sweep);
+      if (++i.panel < sweep_end) return call{i.panel, i.a_index, 0};
+      return ++i.a_index < end_panel ? call{sweep_begin, i.a_index, 0} : call{sweep_end, first_panel, 0};
     };
     auto done = [&](call i) { return i.panel == panel_end; };
     // A short single A panel (a matrix-vector product) runs wide tiles of
