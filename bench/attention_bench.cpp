@@ -43,12 +43,8 @@ void kvhead::bench::run_prefill(benchmark::State& state, const prefill_shape& sh
   const prefill_inputs in(shape);
   std::vector<float> out(in.q.size());
   tbb::task_arena arena(threads);
-  const auto prefill = [&] { kvhead_prefill(shape, in, out.data(), compute); };
-  arena.execute(prefill);  // untimed: scratch grows on first use
-  for (auto _ : state) {
-    arena.execute(prefill);
-    benchmark::DoNotOptimize(out.data());
-  }
+  time_calls(
+      state, arena, [&] { kvhead_prefill(shape, in, out.data(), compute); }, out.data());
   set_rates(state, shape.flops(), shape.bytes(), compute_bound(compute), threads);
 }
 
@@ -65,12 +61,8 @@ void s3_mha_layer(benchmark::State& state, kvhead::precision compute) {
   std::vector<float> y(in.x.size());
   const int threads = int(state.range(0));
   tbb::task_arena arena(threads);
-  const auto forward = [&] { layer.forward(in.x.data(), shape.batch, shape.seq, y.data()); };
-  arena.execute(forward);  // untimed: scratch grows on first use (a quick run's single timed call: 74 ms, then 40)
-  for (auto _ : state) {
-    arena.execute(forward);
-    benchmark::DoNotOptimize(y.data());
-  }
+  kvhead::bench::time_calls(
+      state, arena, [&] { layer.forward(in.x.data(), shape.batch, shape.seq, y.data()); }, y.data());
   kvhead::bench::set_rates(state, shape.flops(), shape.bytes(), kvhead::bench::compute_bound(compute), threads);
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
+#include <tbb/task_arena.h>
 
 #include "bench/limits.hpp"
 #include "kvhead/config.hpp"
@@ -20,6 +21,19 @@ inline std::vector<float> random_floats(std::size_t count, unsigned seed, float 
   std::vector<float> values(count);
   for (float& x : values) x = uniform(generator);
   return values;
+}
+
+// Times `call` on `arena` once per iteration, after one untimed call: a
+// first call grows scratch and touches fresh pages (tools/run bench --quick,
+// which times a single call, took 74 ms for S3_mha_layer's first and 41 for
+// the next). `result`: what the call writes, kept from being optimized away.
+template <class Call>
+void time_calls(benchmark::State& state, tbb::task_arena& arena, const Call& call, const float* result) {
+  arena.execute(call);
+  for (auto _ : state) {
+    arena.execute(call);
+    benchmark::DoNotOptimize(result);
+  }
 }
 
 // `amount` per iteration, reported per second (of real time for the

@@ -98,12 +98,8 @@ void recompute_prefix(benchmark::State& state, const decode_layer& model, std::s
   const auto x = random_floats(tokens * model.d_model, 21);
   std::vector<float> y(x.size());
   tbb::task_arena arena(int(state.range(2)));
-  const auto forward = [&] { model.layer.forward(x.data(), 1, tokens, y.data()); };
-  arena.execute(forward);  // untimed: scratch grows on first use
-  for (auto _ : state) {
-    arena.execute(forward);
-    benchmark::DoNotOptimize(y.data());
-  }
+  time_calls(
+      state, arena, [&] { model.layer.forward(x.data(), 1, tokens, y.data()); }, y.data());
   const double causal_keys = double(tokens) * double(tokens + 1) / 2;
   set_rates(state, model.projection_flops_per_token() * double(tokens) + model.attention_flops_per_key() * causal_keys,
             4.0 * (model.weight_floats() + 2.0 * double(x.size())), bound_by::fma_peak, int(state.range(2)));
