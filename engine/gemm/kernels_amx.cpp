@@ -35,14 +35,20 @@ struct tile_config {
 };
 static_assert(sizeof(tile_config) == 64);
 
-void load_tile_config() {
-  alignas(64) tile_config config;
+// Tiles 0-7 of 16 rows x 64 bytes. In static storage, built at compile time:
+// g++ 12's _tile_loadconfig tells the compiler it reads 8 bytes of its
+// operand, so the stores that filled a local config were dropped as dead
+// (the tiles stayed unconfigured and the first tilezero raised SIGILL).
+alignas(64) constexpr tile_config full_tiles = [] {
+  tile_config config;
   for (std::size_t tile = 0; tile < 8; ++tile) {
     config.bytes_per_row[tile] = 64;
     config.rows[tile] = 16;
   }
-  _tile_loadconfig(&config);
-}
+  return config;
+}();
+
+void load_tile_config() { _tile_loadconfig(&full_tiles); }
 
 void release_tiles() { _tile_release(); }
 
