@@ -304,8 +304,9 @@ double limit_kernels::attention_int8_flops() {
 }
 
 double limit_kernels::attention_bf16_flops() {
-  return engine::gemm_bf16_paged_runs(active_simd_path(), kv_dtype::bf16) ? bf16_flops(engine::bf16_unit::avx512bf16)
-                                                                          : fma_flops();
+  return engine::bf16_paged_products_chosen(active_simd_path(), kv_dtype::bf16)
+             ? bf16_flops(engine::bf16_unit::avx512bf16)
+             : fma_flops();
 }
 
 double limit_kernels::dram_bytes() {

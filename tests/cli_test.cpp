@@ -509,7 +509,7 @@ TEST_CASE("non_finite_token_reaches_its_own_output") {
 // path's default (KC alone orders the sums; MR, NR, MC, NC never do).
 TEST_CASE("forced_configuration_keeps_the_bits_of_its_path") {
   scratch_dir dir;
-  const std::vector<std::string> rows = {"avx512-zen4", "avx512-2x512", "avx2", "sse2"};
+  const std::vector<std::string> rows = {"avx512-zen4", "avx512-zen5", "avx512-xeon", "avx512-2x512", "avx2", "sse2"};
   for (simd_path path : supported_simd_paths()) {
     const std::string isa = to_string(path);
     const std::string by_path = dir.file("path-" + isa + ".npy");

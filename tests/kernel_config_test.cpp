@@ -36,6 +36,11 @@ const cpu_info zen3 = synthetic_cpu("AuthenticAMD", 0x19, 512 << 10, 32 << 20, 2
 const cpu_info zen4 = synthetic_cpu("AuthenticAMD", 0x19, 1 << 20, 32 << 20, 8);
 const cpu_info zen5 = synthetic_cpu("AuthenticAMD", 0x1a, 1 << 20, 32 << 20, 8);
 const cpu_info xeon = synthetic_cpu("GenuineIntel", 6, 2 << 20, 105 << 20, 112);
+const cpu_info xeon_amx = [] {
+  cpu_info cpu = xeon;
+  cpu.amx_tile = true;
+  return cpu;
+}();
 const cpu_info silent = synthetic_cpu("", 0, 0, 0, 1);
 
 std::size_t sysfs_size(int index) {
@@ -81,8 +86,9 @@ TEST_CASE("each CPU kind gets its row, every path has a row for any CPU") {
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, zen4).name) == "avx512-zen4");
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, zen5).name) == "avx512-zen5");
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, xeon).name) == "avx512-2x512");
+  CHECK(std::string(kernel_config_row_for(simd_path::avx512, xeon_amx).name) == "avx512-xeon");
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, silent).name) == "avx512-2x512");
-  for (const cpu_info* cpu : {&zen3, &zen4, &zen5, &xeon, &silent}) {
+  for (const cpu_info* cpu : {&zen3, &zen4, &zen5, &xeon, &xeon_amx, &silent}) {
     CHECK(std::string(kernel_config_row_for(simd_path::avx2, *cpu).name) == "avx2");
     CHECK(std::string(kernel_config_row_for(simd_path::sse2, *cpu).name) == "sse2");
   }
@@ -92,6 +98,14 @@ TEST_CASE("each CPU kind gets its row, every path has a row for any CPU") {
   CHECK(cpu_matches(cpu_class::amd_zen5, zen5));
   CHECK_FALSE(cpu_matches(cpu_class::amd_zen5, zen4));
   CHECK_FALSE(cpu_matches(cpu_class::amd_zen5, xeon));
+  CHECK(cpu_matches(cpu_class::intel_amx, xeon_amx));
+  CHECK_FALSE(cpu_matches(cpu_class::intel_amx, xeon));
+  const cpu_info amd_with_amx_bit = [] {  // the class is Intel's: a vendor's other CPUs never match it
+    cpu_info cpu = zen5;
+    cpu.amx_tile = true;
+    return cpu;
+  }();
+  CHECK_FALSE(cpu_matches(cpu_class::intel_amx, amd_with_amx_bit));
   CHECK(std::string(kvhead::kernel_config_name()) == kernel_config_for(kvhead::active_simd_path()).row->name);
 }
 

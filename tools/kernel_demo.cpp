@@ -57,13 +57,15 @@ void print_configuration() {
               unit == engine::bf16_unit::fp32_fallback ? '*' : ' ', "fp32_fallback");
   // bf16 attention's q kᵀ and p v (engine/attention/flash_attention.hpp).
   const kvhead::simd_path path = kvhead::active_simd_path();
-  if (engine::gemm_bf16_paged_runs(path, kvhead::kv_dtype::f32))
+  if (engine::bf16_paged_products_chosen(path, kvhead::kv_dtype::f32))
     std::printf(
         "bf16 attention (q k^T, p v; bf16 precision, and bf16 KV caches in either precision): avx512bf16 paged "
         "kernels (vdpbf16ps over K/V as stored: f32, bf16, f16; int8 caches: the line below)\n");
   else
     std::printf("bf16 attention (q k^T, p v): fp32 kernels of %s on the rounded values (%s)\n", kvhead::to_string(path),
-                unit == engine::bf16_unit::fp32_fallback ? "no bf16 unit" : "the path's NR is not 32");
+                unit == engine::bf16_unit::fp32_fallback                    ? "no bf16 unit"
+                : engine::gemm_bf16_paged_runs(path, kvhead::kv_dtype::f32) ? "the kernel configuration's choice"
+                                                                            : "the path's NR is not 32");
   // Attention over int8 KV caches (engine/gemm/gemm_int8.hpp).
   if (engine::gemm_int8_paged_runs(path, kvhead::kv_dtype::int8))
     std::printf(

@@ -72,6 +72,9 @@ cpu_info detect() {
   cpu.family = base_family == 0xf ? base_family + ((signature.eax >> 20) & 0xff) : base_family;
   cpu.model = base_family == 0x6 || base_family == 0xf ? (((signature.eax >> 16) & 0xf) << 4) | base_model : base_model;
 
+  constexpr unsigned amx_tile_bit = 1u << 24;  // CPUID.(7,0):EDX
+  cpu.amx_tile = vendor.eax >= 7 && (cpuid(7, 0).edx & amx_tile_bit) != 0;
+
   const unsigned max_extended = cpuid(0x80000000).eax;
   if (max_extended >= 0x80000004) {
     char brand[49] = {};

@@ -13,6 +13,7 @@ struct cpu_info {
   std::string model_name;  // the brand string (leaves 0x80000002..4), trimmed
   unsigned family = 0;     // display family: base + extended when base is 0xF (leaf 1)
   unsigned model = 0;      // display model: extended:base for families 6 and >= 0xF
+  bool amx_tile = false;   // CPUID.(7,0):EDX[24]: the CPU has AMX tiles (whether the OS enables them aside)
   // Cache sizes in bytes, 0 when unknown: CPUID leaf 4 (Intel) or 0x8000001D
   // (AMD), else /sys/devices/system/cpu/cpu0/cache, else (L1d and L2 only)
   // the extended leaves 0x80000005/6, which some hypervisors fill when they

@@ -97,6 +97,8 @@ bool cpu_matches(cpu_class wanted, const cpu_info& cpu) {
       return cpu.is_amd() && cpu.family == 0x19;
     case cpu_class::amd_zen5:
       return cpu.is_amd() && cpu.family == 0x1a;
+    case cpu_class::intel_amx:
+      return cpu.is_intel() && cpu.amx_tile;
   }
   return false;
 }
@@ -109,6 +111,8 @@ const char* to_string(cpu_class wanted) {
       return "AMD family 0x19 (Zen 4 when it has AVX-512)";
     case cpu_class::amd_zen5:
       return "AMD family 0x1a (Zen 5)";
+    case cpu_class::intel_amx:
+      return "Intel with AMX tiles (Sapphire Rapids and later Xeons)";
   }
   return "unknown";
 }

@@ -9,7 +9,11 @@
 // that orders a reduction. MR, NR, MC and NC only decide which elements are
 // computed together, never the order of any sum (engine/gemm/gemm.hpp), so on
 // one SIMD path every configuration — and so every CPU — gives the same bits.
-// The paged prefetch distance is a hint to the memory system only.
+// The paged prefetch distance is a hint to the memory system only. One field
+// does order sums: bf16_paged_products picks the kernels of attention's bf16
+// products (vdpbf16ps, summing in pairs of terms, or the fp32 FMAs), so rows
+// that differ in it give different last bits there, as two bf16 units do;
+// KVHEAD_CONFIG names the row that reproduces another machine's results.
 //
 // Choice. The first row of the active path whose CPU class matches this CPU;
 // the environment variable KVHEAD_CONFIG=<name> forces a row by name (its path
@@ -32,9 +36,10 @@ inline constexpr std::size_t gemm_kc = 256;
 
 /// Which CPUs a row is for.
 enum class cpu_class {
-  any,           // every CPU that runs the row's path
-  amd_zen4,      // AMD family 0x19 with AVX-512: 512-bit FMAs split over two 256-bit pipes
-  amd_zen5,      // AMD family 0x1a: two full 512-bit FMA pipes
+  any,        // every CPU that runs the row's path
+  amd_zen4,   // AMD family 0x19 with AVX-512: 512-bit FMAs split over two 256-bit pipes
+  amd_zen5,   // AMD family 0x1a: two full 512-bit FMA pipes
+  intel_amx,  // Intel with AMX tiles (Sapphire Rapids and later Xeons): two 512-bit FMA ports, 2 MiB L2
 };
 
 struct kernel_config_row {
@@ -56,11 +61,16 @@ struct kernel_config_row {
   // product: packing would cost more than it saves); a single A panel
   // always is. 0: only a single A panel. Same values, same bits either way.
   std::size_t a_in_place_panels;
+  // Attention's products in bf16 precision and over bf16 K/V run on the bf16
+  // paged kernels (vdpbf16ps) where the CPU has them; false: on this row's
+  // fp32 FMAs over the same rounded values, where vdpbf16ps runs at a
+  // fraction of their rate (bf16_paged_products_chosen, gemm_bf16.hpp).
+  bool bf16_paged_products;
   const char* why;  // the tile, the share, the rows, the prefetch and A in place, measured where stated
 };
 
 inline constexpr kernel_config_row kernel_config_rows[] = {
-    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0, 0, 0,
+    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0, 0, 0, true,
      "Zen 4 splits each 512-bit FMA over its two 256-bit pipes (16 fp32 FMAs per cycle). 32 zmm: "
      "12 x 32 = 24 accumulators + 2 B vectors + 1 broadcast = 27 live; 24 chains cover the 4-cycle "
      "latency; 14 x 32 (31 live) measured no faster. The 32 KiB B micro-panel streams from L2 "
@@ -69,7 +79,7 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "at head_dim 128) in a 1 MiB L2. No paged prefetch: one line per row pair, 32 or 96 rows ahead, "
      "measured no faster in the bf16 kernel (the whole step ahead, as on Zen 5, not measured here). "
      "A packed unless it is one panel (A in place for short products, as on Zen 5: not measured here)."},
-    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 8,
+    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 8, true,
      "Zen 5: two full 512-bit FMA pipes (32 fp32 FMAs per cycle), 48 KiB L1d, 1 MiB L2; the tile, "
      "blocks and attention tiles of avx512-2x512 (below), measured here: 81-89% of FMA peak at 1024^3; "
      "an A block of 1/8 to 3/4 of L2 and NC 1024 to 4096 within the noise of the default; attention "
@@ -84,20 +94,32 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "chunk, its p v at head_dim 128; 2 runs each, 2026-12-03): S2 48.8-49.3 -> 47.5-47.8 ms, S4 758 -> "
      "719-722 us, 256^3 146 -> 141 us, 1024 x 128 x 1024 1.19-1.21 -> 1.13 ms; at 16 B panels 1024^3 "
      "within the noise, and with every A in place 2048^3 lost 9-13%."},
-    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0,
+    {"avx512-xeon", simd_path::avx512, cpu_class::intel_amx, 12, 32, 2, 120, 2048, 3072, 8, false,
+     "Intel Xeon with AMX (measured on one that reports model 0xa7 under KVM, 2026-12-04): the tile, blocks "
+     "and attention tiles of avx512-2x512 (below); attention tiles of 240 rows within the noise of 120. "
+     "vdpbf16ps runs at half the FMA rate here (limit_avx512bf16 120 GFLOP/s against limit_fma_peak 242), "
+     "so attention's bf16 products run on the fp32 FMAs over the same rounded values: S1 over a bf16 "
+     "cache 2.18 -> 1.67 ms, S4 over one 1.76 -> 1.06 ms, S2 in bf16 precision 114 -> 72 ms. Paged "
+     "prefetch (2 alternations each, S1 and S5 from DRAM): the fp32 GEMM's paged rows 3 KiB ahead, S1 "
+     "f32 3.29-3.34 -> 2.39-2.43 ms, bf16 1.66 -> 1.35, f16 1.72 -> 1.34, S5 f32 28.2 -> 20.5-20.9 ms (1, "
+     "1.5, 2, 4 and 8 KiB: no better for all three); the int8 kernels' 2 KiB ahead, S1 1.15-1.17 -> "
+     "0.88-0.90 ms, S5 10.0 -> 7.5-7.8 ms, S4 0.74-0.77 -> 0.60-0.64 ms (4 and 8 KiB: no better). A in "
+     "place up to 8 B panels, as on Zen 5: S2 76-81 -> 70-71 ms, 1024 x 128 x 1024 1.94-2.06 -> "
+     "1.67-1.69 ms, 256^3 and 1024^3 within the noise."},
+    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, true,
      "Two full 512-bit FMA ports (Intel Xeon, AMD Zen 5): 32 fp32 FMAs per cycle, 4-cycle latency, "
      "so at least 8 independent chains; 12 x 32 keeps 24 (BLIS's skx sgemm, 32 x 12 transposed) "
      "with 14 loads per 24 FMAs, within two load ports. The 32 KiB B micro-panel fits a 48 KiB L1d. "
-     "Attention tiles of 120 rows (measured on Zen 5, avx512-zen5 above). No paged prefetch: not measured "
-     "on an Intel Xeon (KVHEAD_CONFIG=avx512-zen5 runs the same tile with it), nor A in place beyond one panel."},
-    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0,
+     "Attention tiles of 120 rows (measured on Zen 5, avx512-zen5 above). No paged prefetch, no A in place "
+     "beyond one panel: CPUs no row names (the Xeons and Zen 5 measured have theirs above)."},
+    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0, true,
      "AVX2 + FMA, two 256-bit FMA pipes (Intel Haswell on, AMD Zen 1-4): 16 ymm: 6 x 16 = 12 "
      "accumulators + 2 B vectors + 1 broadcast = 15 live (BLIS's haswell sgemm); 12 chains cover "
      "4-cycle latency x 2 pipes (needs 8); 8 loads per 12 FMAs. B micro-panel 16 KiB, half of L1d. "
      "On Zen 3 an A block of a quarter of L2 measured no faster than half. Attention tiles of 120 "
      "rows: 60, 120 and 240 measured within 2% on S2 and S3 (Zen 3, 512 KiB L2); fewer rows re-read "
      "each chunk's K and V more often, more spill the scores from L2."},
-    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0,
+    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0, true,
      "SSE2 (no FMA): 16 xmm: 6 x 8 = 12 accumulators + 2 B + 1 broadcast + 1 product temporary = 16. "
      "B micro-panel 8 KiB. Attention tiles of 120 rows, as for AVX2."},
 };

@@ -30,7 +30,8 @@ std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + d
 //   bf16  the bf16 unit's products (gemm_bf16_paged: q and p rounded to bf16
 //         as the kernel reads them, fp32 sums), in bf16 precision and over a
 //         bf16 KV cache in either precision (its K and V are bf16 already),
-//         where the paged kernels run;
+//         where the paged kernels run and the kernel configuration chooses
+//         them;
 //   int8  the int8 paged kernels (gemm_int8_paged: q quantized to int8 per
 //         row, p to int16, exact integer sums), over an int8 KV cache where
 //         they run;
@@ -40,7 +41,7 @@ std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + d
 enum class product_kind { fp32, bf16, int8 };
 product_kind attention_products(kvhead::precision precision, simd_path path, kv_dtype element, std::size_t head_dim) {
   if (head_dim > gemm_kc) return product_kind::fp32;
-  if ((precision == kvhead::precision::bf16 || element == kv_dtype::bf16) && gemm_bf16_paged_runs(path, element))
+  if ((precision == kvhead::precision::bf16 || element == kv_dtype::bf16) && bf16_paged_products_chosen(path, element))
     return product_kind::bf16;
   if (element == kv_dtype::int8 && gemm_int8_paged_runs(path, element)) return product_kind::int8;
   return product_kind::fp32;

@@ -144,4 +144,10 @@ void gemm_bf16_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_
 /// path's NR is 32, and element is f32, bf16 or f16.
 bool gemm_bf16_paged_runs(simd_path path, kv_dtype element);
 
+/// Whether attention's products in bf16 precision and over bf16 K/V take
+/// gemm_bf16_paged: it runs here and the path's kernel configuration says
+/// so (kernel_config_row::bf16_paged_products), else they take the fp32
+/// kernels over the same rounded values.
+bool bf16_paged_products_chosen(simd_path path, kv_dtype element);
+
 }  // namespace kvhead::engine

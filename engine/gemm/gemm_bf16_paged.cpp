@@ -28,6 +28,10 @@ bool gemm_bf16_paged_runs(simd_path path, kv_dtype element) {
          gemm_config_for(path).nr == bf16_nr && element != kv_dtype::int8;
 }
 
+bool bf16_paged_products_chosen(simd_path path, kv_dtype element) {
+  return gemm_bf16_paged_runs(path, element) && kernel_config_for(path).row->bf16_paged_products;
+}
+
 void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, float alpha, gemm_operand a,
                           const paged_b_view& b, float* c, std::size_t ldc) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k;

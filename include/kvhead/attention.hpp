@@ -146,7 +146,9 @@ struct attention_options {
   ///         with AVX512-BF16 (AMD Zen 4, Intel from Cooper Lake; AMX CPUs
   ///         have it too) q kᵀ and p v run on vdpbf16ps (bf16 products, fp32
   ///         sums in pairs of terms, subnormals flushed to zero), elsewhere
-  ///         on the fp32 kernels over the rounded values; the two sum in
+  ///         on the fp32 kernels over the rounded values, as also on the
+  ///         Xeons with AMX, whose vdpbf16ps runs at half their FMA rate
+  ///         (kernel configuration avx512-xeon); the two sum in
   ///         different orders, so their last bits differ (`kvhead kernels`
   ///         prints which runs). So, with
   ///         p_j the exact probabilities of the rounded inputs, each output
@@ -253,7 +255,8 @@ struct attention_config {
   ///         the merge of chunks in fp32; the probabilities, unnormalized
   ///         (exp(s - the max of their 256-key chunk)), rounded to bf16 for
   ///         p v (the softmax's sum is that of the unrounded ones); q kᵀ and
-  ///         p v on vdpbf16ps where the CPU has AVX512-BF16, over the cache
+  ///         p v on vdpbf16ps where the CPU has AVX512-BF16 (not on the
+  ///         Xeons with AMX: above), over the cache
   ///         as stored (f32, bf16 or f16; an int8 cache on the fp32 kernels),
   ///         as scaled_dot_product_attention's precision says. The
   ///         weight bytes halve (decode, bound by them, speeds up); on CPUs

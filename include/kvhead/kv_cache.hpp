@@ -13,7 +13,8 @@
 // by the attention kernels, which widen them to fp32 in registers (no
 // dequantized copy); scores, softmax, accumulation and the merge stay fp32.
 // Over a bf16 cache, on CPUs with AVX512-BF16 (AMD Zen 4, Intel from Cooper
-// Lake; `kvhead kernels` prints it), q kᵀ and p v instead run on vdpbf16ps
+// Lake, except the Xeons with AMX, whose vdpbf16ps runs at half their FMA
+// rate; `kvhead kernels` prints it), q kᵀ and p v instead run on vdpbf16ps
 // whatever the layer's precision: q and the unnormalized probabilities are
 // rounded to bf16 as the kernel reads them (nearest even; the softmax's sum
 // stays that of the unrounded ones), products and sums in fp32 (in pairs of
