@@ -3,7 +3,8 @@
 // folder: within the bf16 ceiling of the f32 output (max |diff| / max |f32|
 // <= 2e-2, the figure printed), not equal to it (bf16 really rounds), and
 // the same bits for any thread count, and decoded in chunks over a KV cache
-// (f32 or bf16: both store the rounded K/V exactly) as the cache-free run.
+// (f32 or bf16: both store the rounded K/V exactly) as the cache-free run,
+// under each choice of kernels for attention's bf16 products that runs here.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "engine/io/npy.hpp"
+#include "kvhead/config.hpp"
 #include "tests/cli_test_util.hpp"
 
 namespace kvhead::cli_test {
@@ -23,8 +25,8 @@ std::vector<std::string> join(std::vector<std::string> a, const std::vector<std:
   return a;
 }
 
-void expect_clean_success(const std::vector<std::string>& args) {
-  const cli_result result = run_kvhead(args);
+void expect_clean_success(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+  const cli_result result = run_kvhead(args, env);
   INFO("args: " << [&] {
     std::string text;
     for (const std::string& arg : args) text += arg + " ";
@@ -94,23 +96,36 @@ TEST_CASE("precision_bf16_within_its_ceiling_of_f32_on_every_golden_case") {
   MESSAGE("bf16 vs f32, worst over the golden cases: " << worst);
 }
 
+// Under this CPU's configuration and, where the avx512 path runs, under a
+// row of each choice of attention's bf16 products (avx512-2x512: vdpbf16ps
+// where the CPU has it; avx512-xeon: the fp32 kernels), so both run here.
 TEST_CASE("precision_bf16_same_bits_for_threads_and_decode_chunks") {
   scratch_dir dir;
-  for (const char* name : {"gqa_causal_rope", "bf16_prefix"}) {
-    CAPTURE(name);
-    const std::vector<std::string> flags = join(
-        {"--weights", golden(name, "weights.safetensors"), "--input", golden(name, "input.npy"), "--precision", "bf16"},
-        golden_args(name));
-    const std::string one = dir.file(std::string(name) + "-1.npy"), three = dir.file(std::string(name) + "-3.npy");
-    expect_clean_success(join({"run", "--output", one, "--threads", "1"}, flags));
-    expect_clean_success(join({"run", "--output", three, "--threads", "3"}, flags));
-    CHECK(read_bytes(one) == read_bytes(three));
-    for (const char* dtype : {"f32", "bf16"}) {
-      CAPTURE(dtype);
-      const std::string decoded = dir.file(std::string(name) + "-decode-" + dtype + ".npy");
-      expect_clean_success(
-          join({"decode", "--output", decoded, "--chunk", "7", "--threads", "2", "--kv-dtype", dtype}, flags));
-      CHECK(read_bytes(decoded) == read_bytes(one));
+  std::vector<std::string> configurations = {""};
+  const std::vector<simd_path> paths = supported_simd_paths();
+  if (std::find(paths.begin(), paths.end(), simd_path::avx512) != paths.end())
+    configurations.insert(configurations.end(), {"avx512-2x512", "avx512-xeon"});
+  for (const std::string& configuration : configurations) {
+    CAPTURE(configuration);
+    const std::vector<std::string> env =
+        configuration.empty() ? std::vector<std::string>{} : std::vector<std::string>{"KVHEAD_CONFIG=" + configuration};
+    for (const char* name : {"gqa_causal_rope", "bf16_prefix"}) {
+      CAPTURE(name);
+      const std::vector<std::string> flags = join({"--weights", golden(name, "weights.safetensors"), "--input",
+                                                   golden(name, "input.npy"), "--precision", "bf16"},
+                                                  golden_args(name));
+      const std::string stem = dir.file(configuration + "-" + name);
+      const std::string one = stem + "-1.npy", three = stem + "-3.npy";
+      expect_clean_success(join({"run", "--output", one, "--threads", "1"}, flags), env);
+      expect_clean_success(join({"run", "--output", three, "--threads", "3"}, flags), env);
+      CHECK(read_bytes(one) == read_bytes(three));
+      for (const char* dtype : {"f32", "bf16"}) {
+        CAPTURE(dtype);
+        const std::string decoded = stem + "-decode-" + dtype + ".npy";
+        expect_clean_success(
+            join({"decode", "--output", decoded, "--chunk", "7", "--threads", "2", "--kv-dtype", dtype}, flags), env);
+        CHECK(read_bytes(decoded) == read_bytes(one));
+      }
     }
   }
 }
