@@ -75,7 +75,7 @@ engine::bf16_hardware detect_bf16_hardware() {
   const bool avx512 = path_runs_here(simd_path::avx512);
   const registers leaf7 = cpuid_leaf(7, 0), leaf7_1 = cpuid_leaf(7, 1);
   constexpr unsigned avx512vl_bit = 1u << 31, avx512bf16_bit = 1u << 5;  // (7,0).EBX, (7,1).EAX
-  constexpr unsigned amx_bf16_bit = 1u << 22, amx_tile_bit = 1u << 24;   // (7,0).EDX
+  constexpr unsigned amx_bf16_bit = 1u << 22;                            // (7,0).EDX; AMX-TILE: cpu_info
   constexpr std::uint64_t tile_state = std::uint64_t{3} << 17;           // XCR0: XTILECFG, XTILEDATA
   if ((leaf7_1.eax & avx512bf16_bit) == 0)
     hardware.avx512bf16_missing = "CPUID reports no AVX512-BF16";
@@ -88,7 +88,7 @@ engine::bf16_hardware detect_bf16_hardware() {
     hardware.int8_kernels_missing = "CPUID reports AVX512-VNNI but no AVX512-VBMI";
   else if (!avx512)
     hardware.int8_kernels_missing = "AVX512-VNNI without a working avx512 path";
-  if ((leaf7.edx & amx_tile_bit) == 0 || (leaf7.edx & amx_bf16_bit) == 0)
+  if (!engine::host_cpu().amx_tile || (leaf7.edx & amx_bf16_bit) == 0)
     hardware.amx_missing = "CPUID reports no AMX-TILE and AMX-BF16";
   else if ((os_enabled_state() & tile_state) != tile_state)
     hardware.amx_missing = "the OS does not enable the AMX tile state (XCR0 bits 17-18)";
