@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/arch/kernel_config.hpp"
 #include "engine/gemm/gemm_bf16.hpp"
 #include "engine/io/npy.hpp"
 #include "kvhead/config.hpp"
@@ -509,13 +510,13 @@ TEST_CASE("non_finite_token_reaches_its_own_output") {
 // path's default (KC alone orders the sums; MR, NR, MC, NC never do).
 TEST_CASE("forced_configuration_keeps_the_bits_of_its_path") {
   scratch_dir dir;
-  const std::vector<std::string> rows = {"avx512-zen4", "avx512-zen5", "avx512-xeon", "avx512-2x512", "avx2", "sse2"};
   for (simd_path path : supported_simd_paths()) {
     const std::string isa = to_string(path);
     const std::string by_path = dir.file("path-" + isa + ".npy");
     expect_success(concat({"--output", by_path}, golden_flags("mha_long_causal_rope")), {"KVHEAD_ISA=" + isa});
-    for (const std::string& row : rows) {
-      if (row.rfind(isa, 0) != 0) continue;
+    for (const engine::kernel_config_row& table_row : engine::kernel_config_rows) {
+      if (table_row.path != path) continue;
+      const std::string row = table_row.name;
       CAPTURE(row);
       const std::string forced = dir.file("row-" + row + ".npy");
       expect_success(concat({"--output", forced}, golden_flags("mha_long_causal_rope")), {"KVHEAD_CONFIG=" + row});
