@@ -55,6 +55,12 @@ struct kernel_config_row {
   // f16 K/V), whose best distances were measured apart; 0: none, the
   // hardware prefetchers alone.
   std::size_t paged_prefetch_bytes, fp32_paged_prefetch_bytes;
+  // Under a single row block (a decode step's GQA group, whose stream alone
+  // sets the pace), each step also prefetches its rows this many bytes
+  // beyond the distance above into L2 only (prefetcht1): L1's few fill
+  // buffers bound the lines a prefetcht0 stream keeps in flight, L2 takes
+  // more. 0: no L2 prefetch.
+  std::size_t paged_l2_lead_bytes;
   // An untransposed A (not rounded) is read where it is, the micro-kernel
   // taking its strides, instead of packed, when each of its MR-row panels
   // meets at most this many NR-column panels of the block of B (a short
@@ -70,7 +76,7 @@ struct kernel_config_row {
 };
 
 inline constexpr kernel_config_row kernel_config_rows[] = {
-    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0, 0, 0, true,
+    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0, 0, 0, 0, true,
      "Zen 4 splits each 512-bit FMA over its two 256-bit pipes (16 fp32 FMAs per cycle). 32 zmm: "
      "12 x 32 = 24 accumulators + 2 B vectors + 1 broadcast = 27 live; 24 chains cover the 4-cycle "
      "latency; 14 x 32 (31 live) measured no faster. The 32 KiB B micro-panel streams from L2 "
@@ -79,7 +85,7 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "at head_dim 128) in a 1 MiB L2. No paged prefetch: one line per row pair, 32 or 96 rows ahead, "
      "measured no faster in the bf16 kernel (the whole step ahead, as on Zen 5, not measured here). "
      "A packed unless it is one panel (A in place for short products, as on Zen 5: not measured here)."},
-    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 8, true,
+    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 0, 8, true,
      "Zen 5: two full 512-bit FMA pipes (32 fp32 FMAs per cycle), 48 KiB L1d, 1 MiB L2; the tile, "
      "blocks and attention tiles of avx512-2x512 (below), measured here: 81-89% of FMA peak at 1024^3; "
      "an A block of 1/8 to 3/4 of L2 and NC 1024 to 4096 within the noise of the default; attention "
@@ -94,7 +100,7 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "chunk, its p v at head_dim 128; 2 runs each, 2026-12-03): S2 48.8-49.3 -> 47.5-47.8 ms, S4 758 -> "
      "719-722 us, 256^3 146 -> 141 us, 1024 x 128 x 1024 1.19-1.21 -> 1.13 ms; at 16 B panels 1024^3 "
      "within the noise, and with every A in place 2048^3 lost 9-13%."},
-    {"avx512-xeon", simd_path::avx512, cpu_class::intel_amx, 12, 32, 2, 120, 2048, 3072, 8, false,
+    {"avx512-xeon", simd_path::avx512, cpu_class::intel_amx, 12, 32, 2, 120, 2048, 3072, 4096, 8, false,
      "Intel Xeon with AMX (measured on one that reports model 0xa7 under KVM, 2026-12-04): the tile, blocks "
      "and attention tiles of avx512-2x512 (below); attention tiles of 240 rows within the noise of 120. "
      "vdpbf16ps runs at half the FMA rate here (limit_avx512bf16 120 GFLOP/s against limit_fma_peak 242), "
@@ -103,23 +109,28 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "prefetch (2 alternations each, S1 and S5 from DRAM): the fp32 GEMM's paged rows 3 KiB ahead, S1 "
      "f32 3.29-3.34 -> 2.39-2.43 ms, bf16 1.66 -> 1.35, f16 1.72 -> 1.34, S5 f32 28.2 -> 20.5-20.9 ms (1, "
      "1.5, 2, 4 and 8 KiB: no better for all three); the int8 kernels' 2 KiB ahead, S1 1.15-1.17 -> "
-     "0.88-0.90 ms, S5 10.0 -> 7.5-7.8 ms, S4 0.74-0.77 -> 0.60-0.64 ms (4 and 8 KiB: no better). A in "
-     "place up to 8 B panels, as on Zen 5: S2 76-81 -> 70-71 ms, 1024 x 128 x 1024 1.94-2.06 -> "
+     "0.88-0.90 ms, S5 10.0 -> 7.5-7.8 ms, S4 0.74-0.77 -> 0.60-0.64 ms (4 and 8 KiB: no better). Under a "
+     "single row block each step also prefetches its rows 4 KiB further into L2 (2 alternations of builds, "
+     "2026-12-04 evening): S1 over bf16 1.37-1.40 -> 1.27 ms, int8 0.90 -> 0.81, S5 bf16 12.2-12.4 -> "
+     "10.8-11.0 ms, int8 7.9-8.0 -> 7.1, int8 at block 16 1.13-1.14 -> 0.96 ms, f32 unchanged; a lead of 8 "
+     "or 12 KiB the same, 16 KiB less, prefetcht0 or prefetchnta there slower; under several row blocks "
+     "(S4) bf16 and int8 2-4% slower, so not there. A in place up to 8 B panels, as on Zen 5: S2 76-81 -> 70-71 ms, "
+     "1024 x 128 x 1024 1.94-2.06 -> "
      "1.67-1.69 ms, 256^3 and 1024^3 within the noise."},
-    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, true,
+    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, 0, true,
      "Two full 512-bit FMA ports (Intel Xeon, AMD Zen 5): 32 fp32 FMAs per cycle, 4-cycle latency, "
      "so at least 8 independent chains; 12 x 32 keeps 24 (BLIS's skx sgemm, 32 x 12 transposed) "
      "with 14 loads per 24 FMAs, within two load ports. The 32 KiB B micro-panel fits a 48 KiB L1d. "
      "Attention tiles of 120 rows (measured on Zen 5, avx512-zen5 above). No paged prefetch, no A in place "
      "beyond one panel: CPUs no row names (the Xeons and Zen 5 measured have theirs above)."},
-    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0, true,
+    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0, 0, true,
      "AVX2 + FMA, two 256-bit FMA pipes (Intel Haswell on, AMD Zen 1-4): 16 ymm: 6 x 16 = 12 "
      "accumulators + 2 B vectors + 1 broadcast = 15 live (BLIS's haswell sgemm); 12 chains cover "
      "4-cycle latency x 2 pipes (needs 8); 8 loads per 12 FMAs. B micro-panel 16 KiB, half of L1d. "
      "On Zen 3 an A block of a quarter of L2 measured no faster than half. Attention tiles of 120 "
      "rows: 60, 120 and 240 measured within 2% on S2 and S3 (Zen 3, 512 KiB L2); fewer rows re-read "
      "each chunk's K and V more often, more spill the scores from L2."},
-    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0, true,
+    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0, 0, true,
      "SSE2 (no FMA): 16 xmm: 6 x 8 = 12 accumulators + 2 B + 1 broadcast + 1 product temporary = 16. "
      "B micro-panel 8 KiB. Attention tiles of 120 rows, as for AVX2."},
 };
@@ -132,9 +143,27 @@ static_assert([] {
 
 static_assert([] {
   for (const kernel_config_row& row : kernel_config_rows)
-    if (row.paged_prefetch_bytes % 64 != 0 || row.fp32_paged_prefetch_bytes % 64 != 0) return false;
+    if (row.paged_prefetch_bytes % 64 != 0 || row.fp32_paged_prefetch_bytes % 64 != 0 ||
+        row.paged_l2_lead_bytes % 64 != 0)
+      return false;
   return true;
 }(), "paged prefetch distances are whole cache lines");
+
+/// How far ahead, in bytes, a paged product's kernels prefetch the B rows
+/// each step reads: into L1 (prefetcht0) and into L2 only (prefetcht1); 0:
+/// not at all. A hint only: no value changes.
+struct stream_prefetch {
+  std::size_t l1_bytes = 0, l2_bytes = 0;
+};
+
+/// The distances of `row` for a paged product of the kernels whose L1
+/// distance is `l1_bytes` (paged_prefetch_bytes or fp32_paged_prefetch_bytes):
+/// the L2 one only under a single row block (paged_l2_lead_bytes).
+constexpr stream_prefetch paged_stream_prefetch(const kernel_config_row& row, std::size_t l1_bytes,
+                                                bool single_row_block) {
+  const bool l2 = single_row_block && l1_bytes != 0 && row.paged_l2_lead_bytes != 0;
+  return {l1_bytes, l2 ? l1_bytes + row.paged_l2_lead_bytes : 0};
+}
 
 /// The largest MR x NR of any row (edge tiles are kept on the stack).
 inline constexpr std::size_t max_tile_floats = [] {

@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <string>
 
+#include "engine/arch/kernel_config.hpp"
 #include "engine/gemm/gemm_bf16.hpp"
 
 namespace kvhead::engine {
@@ -131,8 +132,8 @@ void gemm_bf16_with(const bf16_kernels& kernels, gemm_shape shape, gemm_operand 
 // the kernel's own layout (rows x 32 floats): with carry_in the sums start
 // from it instead of 0; with carry_out they are left in it and C is not
 // written. The sums go on exactly as in one call over all the pages.
-// prefetch_bytes: each pair step prefetches its rows' bytes that far ahead
-// (kernel_config_row::paged_prefetch_bytes; 0: none). No value changes.
+// prefetch: how far ahead each pair step prefetches its rows' bytes
+// (paged_stream_prefetch, kernel_config.hpp). No value changes.
 struct bf16_paged_params {
   const bf16_bits* a;
   std::size_t a_row_stride;
@@ -143,7 +144,7 @@ struct bf16_paged_params {
   std::size_t ldc;
   float* carry = nullptr;
   bool carry_in = false, carry_out = false;
-  std::size_t prefetch_bytes = 0;
+  stream_prefetch prefetch{};
 };
 
 using bf16_paged_function = void (*)(const bf16_paged_params&);

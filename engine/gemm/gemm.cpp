@@ -280,14 +280,18 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       // kernel_config.hpp) each step prefetches its own row that far ahead in
       // the stream instead (Zen 5, 3 alternations: S1 over an f16 cache
       // 0.703 -> 0.578 ms, S5 6.21 -> 5.23, at 8 KiB; 4 KiB then took 5% off
-      // f32 and f16 as well).
+      // f32 and f16 as well), and further ahead into L2 where it says too.
       const call next_b = pages > 1 ? next : call{i.panel + 1, first_panel, 0};
       const void* b_prefetch = nullptr;
+      std::size_t b_prefetch_l2_offset = 0;
       if (block.pages != nullptr && !done(next_b)) {
-        if (end_panel != first_panel + 1)
+        if (end_panel != first_panel + 1) {
           b_prefetch = b_panel_at(next_b.panel, next_b.page);
-        else if (config.paged_prefetch_bytes != 0)
-          b_prefetch = static_cast<const std::byte*>(b) + config.paged_prefetch_bytes;
+        } else if (config.paged_prefetch.l1_bytes != 0) {
+          b_prefetch = static_cast<const std::byte*>(b) + config.paged_prefetch.l1_bytes;
+          if (config.paged_prefetch.l2_bytes != 0)
+            b_prefetch_l2_offset = config.paged_prefetch.l2_bytes - config.paged_prefetch.l1_bytes;
+        }
       }
       const bool packed_tail = block.tail_panel != nullptr && i.panel + 1 == panels;
       const column_span columns = panel_span(i.panel);
@@ -305,7 +309,8 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
                                 c + span.row0 * ldc + col0 + columns.col,
                                 ldc,
                                 i.page > 0,  // row pages: continue the chain
-                                b_prefetch};
+                                b_prefetch,
+                                b_prefetch_l2_offset};
       run_tile(config, packed_tail ? kv_dtype::f32 : block.element, params, span.rows, columns.width,
                block.half_panels);
       i = next;

@@ -43,7 +43,9 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
   auto* const a_rows = reinterpret_cast<bf16_bits*>(a_storage.data());
   kernels.convert_rows(a.data, a.ld, m, k, a_rows, a_ld);
   const bf16_paged_function* const by_rows = kernels.by_element[static_cast<std::size_t>(b.element)];
-  const std::size_t mr = kernels.mr, prefetch_bytes = kernel_config_for(b.path).row->paged_prefetch_bytes;
+  const std::size_t mr = kernels.mr;
+  const kernel_config_row& row = *kernel_config_for(b.path).row;
+  const stream_prefetch prefetch = paged_stream_prefetch(row, row.paged_prefetch_bytes, m <= mr);
   if (b.along_k && k > b.page && m <= mr) {
     // One row block over several row pages (a decode step's p v over a
     // cache's blocks): the pages outermost, each page's panels (contiguous
@@ -55,13 +57,13 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
     // 1.49-2.05 (median 1.63). One page per call: groups of pages, as the
     // int8 driver takes them, made blocks 16 and 32 14% slower here (Zen 5,
     // 4 alternations).
-    for_each_page_and_panel<float>(b, k, n, m, 1,
-                                   [&](const void* const* rows_of_panel, std::size_t row0, std::size_t rows,
-                                       std::size_t col, std::size_t cols, page_carry<float> carry) {
-                                     by_rows[m - 1]({a_rows + row0, a_ld, rows_of_panel, b.page, rows,
-                                                     paged_row_stride(b), cols, alpha, c + col, ldc, carry.sums,
-                                                     carry.in, carry.out, prefetch_bytes});
-                                   });
+    for_each_page_and_panel<float>(
+        b, k, n, m, 1,
+        [&](const void* const* rows_of_panel, std::size_t row0, std::size_t rows, std::size_t col, std::size_t cols,
+            page_carry<float> carry) {
+          by_rows[m - 1]({a_rows + row0, a_ld, rows_of_panel, b.page, rows, paged_row_stride(b), cols, alpha, c + col,
+                          ldc, carry.sums, carry.in, carry.out, prefetch});
+        });
     return;
   }
   for_each_paged_panel(b, k, n,
@@ -70,7 +72,7 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
                            const std::size_t rows = std::min(mr, m - row0);
                            by_rows[rows - 1]({a_rows + row0 * a_ld, a_ld, rows_of_panel, page_rows, k,
                                               paged_row_stride(b), cols, alpha, c + row0 * ldc + col, ldc, nullptr,
-                                              false, false, prefetch_bytes});
+                                              false, false, prefetch});
                          }
                        });
 }

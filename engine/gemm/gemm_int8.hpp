@@ -63,8 +63,8 @@ static_assert(std::uint64_t{gemm_kc} * 255 * int8_quantum <= std::uint64_t{std::
 /// pages run over several calls, in the kernel's own layout: with carry_in the sums start from it instead of 0; with
 /// carry_out they are left in it and C is not written. Integer sums are
 /// exact, so the bits are those of one call over all the pages. A tile's
-/// carry is rows x 32 int32. prefetch_bytes: each step prefetches its rows'
-/// bytes that far ahead (kernel_config_row::paged_prefetch_bytes; 0: none).
+/// carry is rows x 32 int32. prefetch: how far ahead each step prefetches
+/// its rows' bytes (paged_stream_prefetch, kernel_config.hpp).
 struct int8_paged_params {
   const void* a;
   std::size_t a_row_stride;
@@ -77,7 +77,7 @@ struct int8_paged_params {
   std::size_t ldc;
   std::int32_t* carry = nullptr;
   bool carry_in = false, carry_out = false;
-  std::size_t prefetch_bytes = 0;
+  stream_prefetch prefetch{};
 };
 using int8_paged_function = void (*)(const int8_paged_params&);
 

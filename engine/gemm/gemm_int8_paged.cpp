@@ -149,7 +149,9 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
   const int8_paged_function* const by_rows = !int8_a                    ? kernels.int16_a_by_rows
                                              : b.narrow_row_stride != 0 ? kernels.int8_a_narrow_by_rows
                                                                         : kernels.int8_a_by_rows;
-  const std::size_t mr = kernels.mr, prefetch_bytes = kernel_config_for(b.path).row->paged_prefetch_bytes;
+  const std::size_t mr = kernels.mr;
+  const kernel_config_row& row = *kernel_config_for(b.path).row;
+  const stream_prefetch prefetch = paged_stream_prefetch(row, row.paged_prefetch_bytes, m <= mr);
   if (!int8_a && b.along_k && k > b.page && m <= mr) {
     // One row block over several row pages (a decode step's p v over a
     // cache's blocks): the pages outermost, each page's panels (contiguous
@@ -166,8 +168,8 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
         [&](const void* const* rows_of_panel, std::size_t row0, std::size_t rows, std::size_t col, std::size_t cols,
             page_carry<std::int32_t> carry) {
           by_rows[m - 1]({static_cast<const std::int16_t*>(a_rows) + row0, a_ld, a_scales, a_sums, rows_of_panel,
-                          b.page, rows, paged_row_stride(b), cols, alpha, c + col, ldc, carry.sums, carry.in,
-                          carry.out, prefetch_bytes});
+                          b.page, rows, paged_row_stride(b), cols, alpha, c + col, ldc, carry.sums, carry.in, carry.out,
+                          prefetch});
         });
     return;
   }
@@ -177,8 +179,8 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
                            const std::size_t rows = std::min(mr, m - row0);
                            by_rows[rows - 1]({static_cast<const std::byte*>(a_rows) + row0 * row_bytes, a_ld,
                                               a_scales + row0, a_sums + row0, rows_of_panel, page_rows, k,
-                                              paged_row_stride(b), cols, alpha, c + row0 * ldc + col, ldc,
-                                              nullptr, false, false, prefetch_bytes});
+                                              paged_row_stride(b), cols, alpha, c + row0 * ldc + col, ldc, nullptr,
+                                              false, false, prefetch});
                          }
                        });
 }

@@ -206,7 +206,7 @@ void paged_tile(const bf16_paged_params& params) {
     __m512i pairs[Vectors];
     std::size_t k = 0;
     for (; k + 1 < rows; k += 2) {
-      panel_rows::prefetch_ahead(b + k * stride, 2 * stride * sizeof(Element), params.prefetch_bytes);
+      panel_rows::prefetch_ahead(b + k * stride, 2 * stride * sizeof(Element), params.prefetch);
       load_pairs<Element, Vectors, Whole>(b + k * stride, b + (k + 1) * stride, low, high, pairs);
       step(pairs, params.a + row0 + k);
     }

@@ -83,7 +83,7 @@ void int16_a_kernel(const int8_paged_params& params) {
     __m512i pairs[2];
     std::size_t k = 0;
     for (; k + 1 < rows; k += 2) {
-      panel_rows::prefetch_ahead(b + k * stride, 2 * stride, params.prefetch_bytes);
+      panel_rows::prefetch_ahead(b + k * stride, 2 * stride, params.prefetch);
       load_pairs<Whole>(b + k * stride, b + (k + 1) * stride, lanes, pairs);
       step(pairs, a_rows + row0 + k);
     }
@@ -174,7 +174,7 @@ void int8_a_kernel(const int8_paged_params& params) {
     const std::size_t rows = std::min(params.page_rows, params.depth - row0);
     std::size_t k = 0;
     for (; k + 4 <= rows; k += 4) {
-      panel_rows::prefetch_ahead(b + k * row_bytes, 4 * row_bytes, params.prefetch_bytes);
+      panel_rows::prefetch_ahead(b + k * row_bytes, 4 * row_bytes, params.prefetch);
       step(_mm512_loadu_si512(b + k * row_bytes),
            RowBytes == 32 ? _mm512_loadu_si512(b + (k + 2) * row_bytes) : _mm512_setzero_si512(), a_rows + row0 + k);
     }

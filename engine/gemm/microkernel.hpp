@@ -28,6 +28,9 @@
 //          paged operand that the hardware prefetchers cannot follow; or this
 //          panel's own rows a fixed distance ahead in its page (a decode
 //          step's stream, gemm.cpp). A hint only: it never changes a result.
+//          b_next_l2_offset: when not 0, row k of b_next plus that many
+//          bytes is also prefetched at step k, into L2 only (prefetcht1):
+//          the same stream further ahead (kernel_config_row::paged_l2_lead_bytes).
 // Arithmetic, fixed on each path: acc = 0; for k in order: acc = fma(a, b, acc)
 // (mul then add on sse2); then C = alpha * acc + beta * C. Every element of the
 // tile gets exactly this sequence, whatever its row or column, so a row of C
@@ -68,6 +71,7 @@ struct microkernel_params {
   std::size_t ldc;
   bool accumulate = false;  // C holds the running acc (see above)
   const void* b_next = nullptr;
+  std::size_t b_next_l2_offset = 0;  // with b_next: bytes beyond it also prefetched into L2 (0: not)
   std::size_t b_panel_stride = 0;  // elements between the panels of a wide tile
 };
 

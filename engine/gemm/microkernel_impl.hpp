@@ -84,6 +84,9 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
 #pragma GCC unroll 4
       for (std::size_t panel = 0; panel < Panels; ++panel) order::from_memory(acc[row] + panel * panel_vectors);
 
+  // What each k step prefetches: nothing, b_next's row, or that and its
+  // row b_next_l2_offset further into L2.
+  enum { prefetch_none, prefetch_l1, prefetch_l1_and_l2 };
   // The k loop over A's strides: compile-time constants for a packed A
   // panel (1 along rows, MR along k: no index arithmetic in the loop), the
   // caller's for an A read in place; with the next call's B prefetched
@@ -95,10 +98,15 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
     const float* a = params.a;
     const Element* b = b_panel;
     for (std::size_t k = 0; k < params.k_depth; ++k, a += a_k_stride, b += params.b_row_stride) {
-      if constexpr (decltype(prefetch)::value) {
+      if constexpr (decltype(prefetch)::value != prefetch_none) {
         const auto* next_row = reinterpret_cast<const char*>(b_next + k * params.b_row_stride);
         __builtin_prefetch(next_row);
         if constexpr (Columns * sizeof(Element) > 64) __builtin_prefetch(next_row + 64);
+        if constexpr (decltype(prefetch)::value == prefetch_l1_and_l2) {
+          __builtin_prefetch(next_row + params.b_next_l2_offset, 0, 2);
+          if constexpr (Columns * sizeof(Element) > 64)
+            __builtin_prefetch(next_row + params.b_next_l2_offset + 64, 0, 2);
+        }
       }
       batch b_row[vectors];
 #pragma GCC unroll 4
@@ -118,10 +126,12 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
     else
       k_loop(params.a_row_stride, params.a_k_stride, prefetch);
   };
-  if (b_next != nullptr)
-    with_a(std::true_type{});
+  if (b_next == nullptr)
+    with_a(std::integral_constant<int, prefetch_none>{});
+  else if (params.b_next_l2_offset == 0)
+    with_a(std::integral_constant<int, prefetch_l1>{});
   else
-    with_a(std::false_type{});
+    with_a(std::integral_constant<int, prefetch_l1_and_l2>{});
 
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < rows; ++row)

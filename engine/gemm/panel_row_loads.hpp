@@ -22,6 +22,8 @@
 
 #include <cstddef>
 
+#include "engine/arch/kernel_config.hpp"
+
 namespace kvhead::engine::panel_rows {
 
 /// The first `count` of 32 lanes (all of them from 32 on).
@@ -49,14 +51,17 @@ template <bool Whole>
 }
 
 /// Prefetches the `bytes` of a step's panel rows (contiguous from `rows`)
-/// `distance` bytes ahead, a line at a time: the rows of a later step of the
-/// same panel, or of the panels after it in its page (kernel_config_row::
-/// paged_prefetch_bytes; distance 0: nothing). A prefetch never faults, so
-/// one past the page's end only fetches a line for nothing.
-[[gnu::always_inline]] inline void prefetch_ahead(const void* rows, std::size_t bytes, std::size_t distance) {
-  if (distance == 0) return;
-  const char* const ahead = static_cast<const char*>(rows) + distance;
-  for (std::size_t line = 0; line < bytes; line += 64) __builtin_prefetch(ahead + line);
+/// `distance.l1_bytes` ahead into L1 and `distance.l2_bytes` ahead into L2
+/// only, a line at a time: the rows of a later step of the same panel, or
+/// of the panels after it in its page (kernel_config_row::
+/// paged_prefetch_bytes and paged_l2_lead_bytes; 0: nothing). A prefetch
+/// never faults, so one past the page's end only fetches a line for nothing.
+[[gnu::always_inline]] inline void prefetch_ahead(const void* rows, std::size_t bytes, stream_prefetch distance) {
+  const char* const from = static_cast<const char*>(rows);
+  if (distance.l1_bytes != 0)
+    for (std::size_t line = 0; line < bytes; line += 64) __builtin_prefetch(from + distance.l1_bytes + line, 0, 3);
+  if (distance.l2_bytes != 0)
+    for (std::size_t line = 0; line < bytes; line += 64) __builtin_prefetch(from + distance.l2_bytes + line, 0, 2);
 }
 
 /// 16 floats.
