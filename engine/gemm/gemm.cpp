@@ -401,14 +401,19 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
   }
   const bool in_place =
       b.trans == transpose::no && shape.m <= in_place_b_max_rows && b.ld * sizeof(float) % set_conflict_row_bytes != 0;
-  // Few rows over a B to be packed, on several threads: each task packs and
-  // multiplies its own chunk of columns, so no core reads panels another core
-  // has just written. Shared panels made 32 x 4096 x 128 at 2 threads slower
-  // than at 1 (Zen 5: 310 us against 240; packed ahead of time, 98).
+  // Few rows over a B to be packed go in chunks of columns, each packed and
+  // then multiplied: on several threads, each task its own chunk, so no core
+  // reads panels another core has just written (shared panels made 32 x 4096
+  // x 128 at 2 threads slower than at 1, Zen 5: 310 us against 240; packed
+  // ahead of time, 98); and at most a sweep's columns (a quarter of L2 of
+  // packed B, kernel_config.cpp), so a chunk is still in L2 when multiplied,
+  // not packed whole through L3 first (Xeon, 1 thread, 32 x 4096 x 128, 2
+  // rounds: 0.402-0.406 -> 0.355-0.367 ms; OpenBLAS 0.336-0.360).
   // Every element keeps its arithmetic: chunks are whole NR panels.
-  const std::size_t wanted = wanted_tasks();
-  if (!in_place && shape.m <= in_place_b_max_rows && wanted > 1 && !gemm_serial_scope::active() && shape.n > nr) {
-    const std::size_t chunk_cols = round_up(ceil_div(shape.n, wanted), nr);
+  const std::size_t wanted = wanted_tasks(), sweep_cols = config.b_sweep_panels * nr;
+  if (!in_place && shape.m <= in_place_b_max_rows && (wanted > 1 || shape.n > sweep_cols) &&
+      !gemm_serial_scope::active() && shape.n > nr) {
+    const std::size_t chunk_cols = round_up(std::min(ceil_div(shape.n, wanted), sweep_cols), nr);
     const double work = (2.0 * double(shape.m) + 2 * flops_per_byte_moved * sizeof(float)) * double(shape.n * shape.k);
     for_each_index(ceil_div(shape.n, chunk_cols), work, [&](std::size_t chunk) {
       const gemm_serial_scope serial;
