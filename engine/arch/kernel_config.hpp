@@ -56,10 +56,10 @@ struct kernel_config_row {
   // hardware prefetchers alone.
   std::size_t paged_prefetch_bytes, fp32_paged_prefetch_bytes;
   // Under a single row block (a decode step's GQA group, whose stream alone
-  // sets the pace), each step also prefetches its rows this many bytes
-  // beyond the distance above into L2 only (prefetcht1): L1's few fill
-  // buffers bound the lines a prefetcht0 stream keeps in flight, L2 takes
-  // more. 0: no L2 prefetch.
+  // sets the pace) over compressed K/V (bf16, f16, int8), each step also
+  // prefetches its rows this many bytes beyond the distance above into L2
+  // only (prefetcht1): L1's few fill buffers bound the lines a prefetcht0
+  // stream keeps in flight, L2 takes more. 0: no L2 prefetch.
   std::size_t paged_l2_lead_bytes;
   // An untransposed A (not rounded) is read where it is, the micro-kernel
   // taking its strides, instead of packed, when each of its MR-row panels
@@ -112,9 +112,10 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "0.88-0.90 ms, S5 10.0 -> 7.5-7.8 ms, S4 0.74-0.77 -> 0.60-0.64 ms (4 and 8 KiB: no better). Under a "
      "single row block each step also prefetches its rows 4 KiB further into L2 (2 alternations of builds, "
      "2026-12-04 evening): S1 over bf16 1.37-1.40 -> 1.27 ms, int8 0.90 -> 0.81, S5 bf16 12.2-12.4 -> "
-     "10.8-11.0 ms, int8 7.9-8.0 -> 7.1, int8 at block 16 1.13-1.14 -> 0.96 ms, f32 unchanged; a lead of 8 "
-     "or 12 KiB the same, 16 KiB less, prefetcht0 or prefetchnta there slower; under several row blocks "
-     "(S4) bf16 and int8 2-4% slower, so not there. A in place up to 8 B panels, as on Zen 5: S2 76-81 -> 70-71 ms, "
+     "10.8-11.0 ms, int8 7.9-8.0 -> 7.1, int8 at block 16 1.13-1.14 -> 0.96 ms; a lead of 8 or 12 KiB the "
+     "same, 16 KiB less, prefetcht0 or prefetchnta there slower. Not for f32 rows (2 lines a step): in one "
+     "process, alternated, S1 f32 2.38-2.50 ms without, 2.54-2.64 with a 4-32 KiB lead; nor under several "
+     "row blocks (S4): bf16 and int8 2-4% slower. A in place up to 8 B panels, as on Zen 5: S2 76-81 -> 70-71 ms, "
      "1024 x 128 x 1024 1.94-2.06 -> "
      "1.67-1.69 ms, 256^3 and 1024^3 within the noise."},
     {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, 0, true,
@@ -157,11 +158,12 @@ struct stream_prefetch {
 };
 
 /// The distances of `row` for a paged product of the kernels whose L1
-/// distance is `l1_bytes` (paged_prefetch_bytes or fp32_paged_prefetch_bytes):
-/// the L2 one only under a single row block (paged_l2_lead_bytes).
+/// distance is `l1_bytes` (paged_prefetch_bytes or fp32_paged_prefetch_bytes)
+/// over B stored as `element`: the L2 one only under a single row block and
+/// over compressed elements (paged_l2_lead_bytes).
 constexpr stream_prefetch paged_stream_prefetch(const kernel_config_row& row, std::size_t l1_bytes,
-                                                bool single_row_block) {
-  const bool l2 = single_row_block && l1_bytes != 0 && row.paged_l2_lead_bytes != 0;
+                                                bool single_row_block, kv_dtype element) {
+  const bool l2 = single_row_block && element != kv_dtype::f32 && l1_bytes != 0 && row.paged_l2_lead_bytes != 0;
   return {l1_bytes, l2 ? l1_bytes + row.paged_l2_lead_bytes : 0};
 }
 

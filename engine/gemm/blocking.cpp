@@ -53,6 +53,15 @@ static_assert(every_row_is_compiled(), "a kernel_config row names a register til
 
 namespace {
 
+// The fp32 GEMM's paged prefetch distances under a single A panel, per stored element type.
+std::array<stream_prefetch, stored_dtype_count> paged_prefetch(const kernel_config_row& row) {
+  std::array<stream_prefetch, stored_dtype_count> by_element;
+  for (std::size_t element = 0; element < stored_dtype_count; ++element)
+    by_element[element] =
+        paged_stream_prefetch(row, row.fp32_paged_prefetch_bytes, true, static_cast<kv_dtype>(element));
+  return by_element;
+}
+
 gemm_config resolve(simd_path path) {
   const kernel_config& machine = kernel_config_for(path);
   return dispatch(path, [&](auto arch) {
@@ -66,7 +75,7 @@ gemm_config resolve(simd_path path) {
                        tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::wide),
                        tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::half),
                        row_stream_kernels<Arch>::row_streams(),
-                       paged_stream_prefetch(*machine.row, machine.row->fp32_paged_prefetch_bytes, true),
+                       paged_prefetch(*machine.row),
                        machine.row->a_in_place_panels,
                        machine.b_sweep_panels};
   });

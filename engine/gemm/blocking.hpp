@@ -47,7 +47,8 @@ struct gemm_config {
   // half_microkernels[element][rows - 1], rows in 1..mr: the first NR / 2 columns only (microkernel.hpp).
   std::array<const microkernel_function*, stored_dtype_count> half_microkernels;
   const row_stream_function* row_streams;  // [rows - 1], rows in 1..row_stream_max_rows
-  stream_prefetch paged_prefetch;          // under a single A panel: kernel_config_row::fp32_paged_prefetch_bytes
+  // paged_prefetch[element]: under a single A panel, kernel_config_row::fp32_paged_prefetch_bytes and the L2 lead.
+  std::array<stream_prefetch, stored_dtype_count> paged_prefetch;
   std::size_t a_in_place_panels = 0;       // kernel_config_row::a_in_place_panels
   std::size_t b_sweep_panels = 1;          // kernel_config::b_sweep_panels (dense B)
 };

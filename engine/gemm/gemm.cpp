@@ -287,10 +287,10 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       if (block.pages != nullptr && !done(next_b)) {
         if (end_panel != first_panel + 1) {
           b_prefetch = b_panel_at(next_b.panel, next_b.page);
-        } else if (config.paged_prefetch.l1_bytes != 0) {
-          b_prefetch = static_cast<const std::byte*>(b) + config.paged_prefetch.l1_bytes;
-          if (config.paged_prefetch.l2_bytes != 0)
-            b_prefetch_l2_offset = config.paged_prefetch.l2_bytes - config.paged_prefetch.l1_bytes;
+        } else if (const stream_prefetch& ahead = config.paged_prefetch[static_cast<std::size_t>(block.element)];
+                   ahead.l1_bytes != 0) {
+          b_prefetch = static_cast<const std::byte*>(b) + ahead.l1_bytes;
+          if (ahead.l2_bytes != 0) b_prefetch_l2_offset = ahead.l2_bytes - ahead.l1_bytes;
         }
       }
       const bool packed_tail = block.tail_panel != nullptr && i.panel + 1 == panels;

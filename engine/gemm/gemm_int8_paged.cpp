@@ -151,7 +151,7 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
                                                                         : kernels.int8_a_by_rows;
   const std::size_t mr = kernels.mr;
   const kernel_config_row& row = *kernel_config_for(b.path).row;
-  const stream_prefetch prefetch = paged_stream_prefetch(row, row.paged_prefetch_bytes, m <= mr);
+  const stream_prefetch prefetch = paged_stream_prefetch(row, row.paged_prefetch_bytes, m <= mr, b.element);
   if (!int8_a && b.along_k && k > b.page && m <= mr) {
     // One row block over several row pages (a decode step's p v over a
     // cache's blocks): the pages outermost, each page's panels (contiguous
