@@ -149,6 +149,28 @@ TEST_CASE("cache blocks follow the caches: A block within its share of L2, B blo
   CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx512, silent), silent).b_sweep_panels == 4);
 }
 
+TEST_CASE("paged prefetch: the L2 lead only under a single row block over compressed K/V, beyond the L1 distance") {
+  using kvhead::kv_dtype;
+  for (const kernel_config_row& row : kernel_config_rows) {
+    CAPTURE(row.name);
+    for (const std::size_t l1 : {row.paged_prefetch_bytes, row.fp32_paged_prefetch_bytes})
+      for (const kv_dtype element : {kv_dtype::f32, kv_dtype::bf16, kv_dtype::f16, kv_dtype::int8})
+        for (const bool single_row_block : {false, true}) {
+          const stream_prefetch ahead = paged_stream_prefetch(row, l1, single_row_block, element);
+          CHECK(ahead.l1_bytes == l1);
+          const bool lead = single_row_block && element != kv_dtype::f32 && l1 != 0 && row.paged_l2_lead_bytes != 0;
+          CHECK(ahead.l2_bytes == (lead ? l1 + row.paged_l2_lead_bytes : 0));
+        }
+  }
+  // The Xeon row: bf16 K/V in the fp32 GEMM 3 KiB ahead into L1 and 7 KiB into L2; f32 K/V and S4's
+  // several row blocks L1 only.
+  const kernel_config_row& xeon_row = kernel_config_row_for(simd_path::avx512, xeon_amx);
+  CHECK(paged_stream_prefetch(xeon_row, xeon_row.fp32_paged_prefetch_bytes, true, kvhead::kv_dtype::bf16).l2_bytes ==
+        7168);
+  CHECK(paged_stream_prefetch(xeon_row, xeon_row.fp32_paged_prefetch_bytes, true, kvhead::kv_dtype::f32).l2_bytes == 0);
+  CHECK(paged_stream_prefetch(xeon_row, xeon_row.paged_prefetch_bytes, false, kvhead::kv_dtype::int8).l2_bytes == 0);
+}
+
 TEST_CASE("gemm: the same bits under any cache blocking of a path (MC, NC and the sweep never order a sum)") {
   for (simd_path path : kvhead::supported_simd_paths()) {
     CAPTURE(kvhead::to_string(path));
