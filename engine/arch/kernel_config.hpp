@@ -115,9 +115,8 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "10.8-11.0 ms, int8 7.9-8.0 -> 7.1, int8 at block 16 1.13-1.14 -> 0.96 ms; a lead of 8 or 12 KiB the "
      "same, 16 KiB less, prefetcht0 or prefetchnta there slower. Not for f32 rows (2 lines a step): in one "
      "process, alternated, S1 f32 2.38-2.50 ms without, 2.54-2.64 with a 4-32 KiB lead; nor under several "
-     "row blocks (S4): bf16 and int8 2-4% slower. A in place up to 8 B panels, as on Zen 5: S2 76-81 -> 70-71 ms, "
-     "1024 x 128 x 1024 1.94-2.06 -> "
-     "1.67-1.69 ms, 256^3 and 1024^3 within the noise."},
+     "row blocks (S4): bf16 and int8 2-4% slower. A in place up to 8 B panels, as on Zen 5: S2 76-81 -> "
+     "70-71 ms, 1024 x 128 x 1024 1.94-2.06 -> 1.67-1.69 ms, 256^3 and 1024^3 within the noise."},
     {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, 0, true,
      "Two full 512-bit FMA ports (Intel Xeon, AMD Zen 5): 32 fp32 FMAs per cycle, 4-cycle latency, "
      "so at least 8 independent chains; 12 x 32 keeps 24 (BLIS's skx sgemm, 32 x 12 transposed) "
