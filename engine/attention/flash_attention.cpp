@@ -274,39 +274,14 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   kv_segment views[max_segments_per_chunk];
   for (std::size_t s = first_segment; s < segments; ++s) views[s] = source.segment(chunk, s);
   // int8: the per-key scales of K and V (one line per 16 keys at the end of
-  // each region), gathered into one row per chunk, so each query row takes
-  // one multiply per chunk, not one per segment. V's are prefetched now:
-  // they are read before V's stream reaches them, a DRAM miss per line
-  // otherwise; K's come in with K's stream. (Zen 5: the prefetch alone, S1
-  // and S5 over an int8 cache 3-6% faster in 7 alternations; with the
-  // gathering, 4-5% more, and 11% at block 16, in 5.)
+  // each region). V's are prefetched now: they are read before V's stream
+  // reaches them, a DRAM miss per line otherwise (Zen 5: S1 and S5 over an
+  // int8 cache 3-6% faster in 7 alternations); K's come in with K's stream.
   const bool scaled = views[first_segment].key_scales != nullptr;
-  alignas(64) float gathered_scales[2][kv_chunk];
-  const float* key_scales = nullptr;    // key_scales[j - first_key]: key j of the chunk, j in [first_key, width)
-  const float* value_scales = nullptr;  // likewise
-  if (scaled) {
+  if (scaled)
     for (std::size_t s = first_segment; s < segments; ++s)
       for (std::size_t line = 0; line < segment_keys * sizeof(float); line += 64)
         __builtin_prefetch(reinterpret_cast<const char*>(views[s].value_scales) + line);
-    key_scales = views[first_segment].key_scales;
-    value_scales = views[first_segment].value_scales;
-    if (segments - first_segment > 1) {
-      // Whole lines of scales (kv_segment): copies of a fixed size, inlined,
-      // not a memmove call per segment (int8 at block 16 spent 4% of a
-      // decode step in them, Zen 5).
-      for (std::size_t s = first_segment; s < segments; ++s) {
-        const std::size_t first = s * segment_keys, keys = std::min(segment_keys, width - first);
-        for (std::size_t j = 0; j < keys; j += scale_line_floats) {
-          std::memcpy(gathered_scales[0] + (first - first_key) + j, views[s].key_scales + j,
-                      sizeof(float) * scale_line_floats);
-          std::memcpy(gathered_scales[1] + (first - first_key) + j, views[s].value_scales + j,
-                      sizeof(float) * scale_line_floats);
-        }
-      }
-      key_scales = gathered_scales[0];
-      value_scales = gathered_scales[1];
-    }
-  }
   float* const scores = scratch.scores.data();
   float* const max = partial;
   float* const sum = partial + rows;
@@ -335,6 +310,34 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   const gemm_operand queries{scratch.q_rows.data(), head_dim, transpose::no};
   paged_product(kind, attention_product::scores, {rows, width - first_key, head_dim}, tile.scale, queries, keys_view,
                 scores + first_key, kv_chunk);
+  // int8: the scales gathered into one row per chunk, so each query row takes
+  // one multiply per chunk, not one per segment (Zen 5: 4-5% off S1 and S5
+  // over an int8 cache, 11% at block 16, in 5 alternations). Only now, with
+  // K's stream read: gathered before q kᵀ, K's scales at block 16 were 16
+  // DRAM misses in a row per chunk (Xeon: 3% of a decode step there).
+  alignas(64) float gathered_scales[2][kv_chunk];
+  const float* key_scales = nullptr;    // key_scales[j - first_key]: key j of the chunk, j in [first_key, width)
+  const float* value_scales = nullptr;  // likewise
+  if (scaled) {
+    key_scales = views[first_segment].key_scales;
+    value_scales = views[first_segment].value_scales;
+    if (segments - first_segment > 1) {
+      // Whole lines of scales (kv_segment): copies of a fixed size, inlined,
+      // not a memmove call per segment (int8 at block 16 spent 4% of a
+      // decode step in them, Zen 5).
+      for (std::size_t s = first_segment; s < segments; ++s) {
+        const std::size_t first = s * segment_keys, keys = std::min(segment_keys, width - first);
+        for (std::size_t j = 0; j < keys; j += scale_line_floats) {
+          std::memcpy(gathered_scales[0] + (first - first_key) + j, views[s].key_scales + j,
+                      sizeof(float) * scale_line_floats);
+          std::memcpy(gathered_scales[1] + (first - first_key) + j, views[s].value_scales + j,
+                      sizeof(float) * scale_line_floats);
+        }
+      }
+      key_scales = gathered_scales[0];
+      value_scales = gathered_scales[1];
+    }
+  }
   if (scaled)
     for (std::size_t row = 0; row < rows; ++row)
       multiply_floats(scores + row * kv_chunk + first_key, key_scales, width - first_key, tile.path);
