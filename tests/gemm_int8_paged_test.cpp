@@ -111,10 +111,10 @@ struct paged_case {
 
 std::vector<float> run(const int8_paged_kernels& kernels, a_quantization quantization, const paged_case& test,
                        const std::vector<float>& a, std::size_t lda, const paged_matrix& paged, std::size_t ldc,
-                       std::size_t rows) {
+                       std::size_t rows, std::size_t pv_rows_per_call = int8_pv_rows_configured) {
   std::vector<float> c(rows * ldc, std::numeric_limits<float>::quiet_NaN());
   gemm_int8_paged_with(kernels, quantization, {rows, test.n, test.k}, test.alpha, {a.data(), lda, transpose::no},
-                       paged.view, c.data(), ldc);
+                       paged.view, c.data(), ldc, pv_rows_per_call);
   return c;
 }
 
@@ -198,7 +198,9 @@ TEST_CASE(
     for (const a_quantization quantization : both_quantizations) check_case(test, quantization, generator);
 }
 
-TEST_CASE("gemm_int8_paged: the same bits however B is cut into pages, narrow pages included") {
+TEST_CASE(
+    "gemm_int8_paged: the same bits however B is cut into pages and however many pages a call takes, narrow pages "
+    "included") {
   std::mt19937 generator(91);
   const std::size_t m = 7, n = 96, k = 256;
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -214,15 +216,18 @@ TEST_CASE("gemm_int8_paged: the same bits however B is cut into pages, narrow pa
         CAPTURE(name(quantization));
         CAPTURE(along_k);
         std::vector<float> first;
-        for (const std::size_t page : {std::size_t{256}, std::size_t{64}, std::size_t{16}}) {
-          const paged_matrix matrix = page_b(b, k, n, page, along_k);
-          const std::vector<float> c =
-              run(*kernels.kernels, quantization, {m, n, k, page, along_k, 1.0f}, a, k, matrix, n, m);
-          if (first.empty())
-            first = c;
-          else
-            CHECK(std::memcmp(first.data(), c.data(), c.size() * sizeof(float)) == 0);
-        }
+        for (const std::size_t page : {std::size_t{256}, std::size_t{64}, std::size_t{16}})
+          for (const std::size_t pv_rows_per_call : {std::size_t{0}, std::size_t{64}}) {  // one page or 4 of 16 a call
+            CAPTURE(page);
+            CAPTURE(pv_rows_per_call);
+            const paged_matrix matrix = page_b(b, k, n, page, along_k);
+            const std::vector<float> c = run(*kernels.kernels, quantization, {m, n, k, page, along_k, 1.0f}, a, k,
+                                             matrix, n, m, pv_rows_per_call);
+            if (first.empty())
+              first = c;
+            else
+              CHECK(std::memcmp(first.data(), c.data(), c.size() * sizeof(float)) == 0);
+          }
         if (!along_k) {  // narrow pages: a KV cache's 16-key blocks
           const paged_matrix narrow = page_b(b, k, n, 16, false, true);
           const std::vector<float> c =

@@ -37,14 +37,18 @@ void print_configuration() {
               cpu.l3_sharing, cpu.cache_source);
   const engine::kernel_config& chosen = engine::kernel_config_for(active_simd_path());
   std::printf("configurations (KVHEAD_CONFIG=<name> forces one):\n");
-  for (const engine::kernel_config_row& row : engine::kernel_config_rows)
+  for (const engine::kernel_config_row& row : engine::kernel_config_rows) {
+    const std::string int8_pv = row.int8_pv_rows_per_call == 0
+                                    ? std::string("a page")
+                                    : "pages up to " + std::to_string(row.int8_pv_rows_per_call) + " rows";
     std::printf(
         "  %c %-13s %-6s %2zu x %-2zu  attention tiles of %3zu rows  paged prefetch %4zu B (fp32 GEMM %4zu B, L2 %4zu "
         "B "
-        "further)  A in place up to %zu B panels  for %s\n",
+        "further)  A in place up to %zu B panels  int8 p v: %s a call  for %s\n",
         &row == chosen.row ? '*' : ' ', row.name, to_string(row.path), row.mr, row.nr, row.attention_rows,
         row.paged_prefetch_bytes, row.fp32_paged_prefetch_bytes, row.paged_l2_lead_bytes, row.a_in_place_panels,
-        engine::to_string(row.cpu));
+        int8_pv.c_str(), engine::to_string(row.cpu));
+  }
   std::printf("configuration %s: %s\n  tile %zu x %zu, attention tiles of %zu rows: %s\n  blocks: %s\n",
               chosen.row->name, chosen.chosen_why.c_str(), chosen.mr, chosen.nr, chosen.attention_rows, chosen.row->why,
               chosen.blocking_why.c_str());

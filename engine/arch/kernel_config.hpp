@@ -67,6 +67,12 @@ struct kernel_config_row {
   // product: packing would cost more than it saves); a single A panel
   // always is. 0: only a single A panel. Same values, same bits either way.
   std::size_t a_in_place_panels;
+  // Under a single row block (a decode step's p v over an int8 cache), the
+  // int8 kernels take pages of fewer rows than this several to a call, each
+  // panel's rows of all of them in turn (fewer calls and carries, the same
+  // integer sums); at most one page's rows (0): one page per call, every
+  // page's panels read as one stream in address order.
+  std::size_t int8_pv_rows_per_call;
   // Attention's products in bf16 precision and over bf16 K/V run on the bf16
   // paged kernels (vdpbf16ps) where the CPU has them; false: on this row's
   // fp32 FMAs over the same rounded values, where vdpbf16ps runs at a
@@ -76,7 +82,7 @@ struct kernel_config_row {
 };
 
 inline constexpr kernel_config_row kernel_config_rows[] = {
-    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0, 0, 0, 0, true,
+    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0, 0, 0, 0, 64, true,
      "Zen 4 splits each 512-bit FMA over its two 256-bit pipes (16 fp32 FMAs per cycle). 32 zmm: "
      "12 x 32 = 24 accumulators + 2 B vectors + 1 broadcast = 27 live; 24 chains cover the 4-cycle "
      "latency; 14 x 32 (31 live) measured no faster. The 32 KiB B micro-panel streams from L2 "
@@ -84,8 +90,9 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "Attention tiles of 120 rows: 120 x 256 scores (120 KiB) with the chunk's K and V (256 KiB "
      "at head_dim 128) in a 1 MiB L2. No paged prefetch: one line per row pair, 32 or 96 rows ahead, "
      "measured no faster in the bf16 kernel (the whole step ahead, as on Zen 5, not measured here). "
-     "A packed unless it is one panel (A in place for short products, as on Zen 5: not measured here)."},
-    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 0, 8, true,
+     "A packed unless it is one panel (A in place for short products, as on Zen 5: not measured here). int8 p v "
+     "pages several to a call up to 64 rows, as on Zen 5 (not measured here)."},
+    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 0, 8, 64, true,
      "Zen 5: two full 512-bit FMA pipes (32 fp32 FMAs per cycle), 48 KiB L1d, 1 MiB L2; the tile, "
      "blocks and attention tiles of avx512-2x512 (below), measured here: 81-89% of FMA peak at 1024^3; "
      "an A block of 1/8 to 3/4 of L2 and NC 1024 to 4096 within the noise of the default; attention "
@@ -99,8 +106,9 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "A in place when each A panel meets at most 8 B panels (an attention tile's q k^T over a 256-key "
      "chunk, its p v at head_dim 128; 2 runs each, 2026-12-03): S2 48.8-49.3 -> 47.5-47.8 ms, S4 758 -> "
      "719-722 us, 256^3 146 -> 141 us, 1024 x 128 x 1024 1.19-1.21 -> 1.13 ms; at 16 B panels 1024^3 "
-     "within the noise, and with every A in place 2048^3 lost 9-13%."},
-    {"avx512-xeon", simd_path::avx512, cpu_class::intel_amx, 12, 32, 2, 120, 2048, 3072, 4096, 8, false,
+     "within the noise, and with every A in place 2048^3 lost 9-13%. int8 p v pages several to a call up to 64 "
+     "rows (5 alternations, S1 over an int8 cache): block 16 405 -> 366 us, 32 348 -> 340."},
+    {"avx512-xeon", simd_path::avx512, cpu_class::intel_amx, 12, 32, 2, 120, 2048, 3072, 4096, 8, 0, false,
      "Intel Xeon with AMX (measured on one that reports model 0xa7 under KVM, 2026-12-04): the tile, blocks "
      "and attention tiles of avx512-2x512 (below); attention tiles of 240 rows within the noise of 120. "
      "vdpbf16ps runs at half the FMA rate here (limit_avx512bf16 120 GFLOP/s against limit_fma_peak 242), "
@@ -116,23 +124,26 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "same, 16 KiB less, prefetcht0 or prefetchnta there slower. Not for f32 rows (2 lines a step): in one "
      "process, alternated, S1 f32 2.38-2.50 ms without, 2.54-2.64 with a 4-32 KiB lead; nor under several "
      "row blocks (S4): bf16 and int8 2-4% slower. A in place up to 8 B panels, as on Zen 5: S2 76-81 -> "
-     "70-71 ms, 1024 x 128 x 1024 1.94-2.06 -> 1.67-1.69 ms, 256^3 and 1024^3 within the noise."},
-    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, 0, true,
+     "70-71 ms, 1024 x 128 x 1024 1.94-2.06 -> 1.67-1.69 ms, 256^3 and 1024^3 within the noise. int8 p v one "
+     "page per call, in address order, not pages of up to 64 rows several to a call as on Zen 5 (S1 over an int8 "
+     "cache, 2 alternations in one process): block 16 919-950 -> 883-900 us, block 32 899-907 -> 876-885."},
+    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, 0, 64, true,
      "Two full 512-bit FMA ports (Intel Xeon, AMD Zen 5): 32 fp32 FMAs per cycle, 4-cycle latency, "
      "so at least 8 independent chains; 12 x 32 keeps 24 (BLIS's skx sgemm, 32 x 12 transposed) "
      "with 14 loads per 24 FMAs, within two load ports. The 32 KiB B micro-panel fits a 48 KiB L1d. "
      "Attention tiles of 120 rows (measured on Zen 5, avx512-zen5 above). No paged prefetch, no A in place "
-     "beyond one panel: CPUs no row names (the Xeons and Zen 5 measured have theirs above)."},
-    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0, 0, true,
+     "beyond one panel: CPUs no row names (the Xeons and Zen 5 measured have theirs above). int8 p v pages "
+     "several to a call up to 64 rows, as on Zen 5."},
+    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0, 0, 0, true,
      "AVX2 + FMA, two 256-bit FMA pipes (Intel Haswell on, AMD Zen 1-4): 16 ymm: 6 x 16 = 12 "
      "accumulators + 2 B vectors + 1 broadcast = 15 live (BLIS's haswell sgemm); 12 chains cover "
      "4-cycle latency x 2 pipes (needs 8); 8 loads per 12 FMAs. B micro-panel 16 KiB, half of L1d. "
      "On Zen 3 an A block of a quarter of L2 measured no faster than half. Attention tiles of 120 "
      "rows: 60, 120 and 240 measured within 2% on S2 and S3 (Zen 3, 512 KiB L2); fewer rows re-read "
-     "each chunk's K and V more often, more spill the scores from L2."},
-    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0, 0, true,
+     "each chunk's K and V more often, more spill the scores from L2. No int8 paged kernels (they need NR 32)."},
+    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0, 0, 0, true,
      "SSE2 (no FMA): 16 xmm: 6 x 8 = 12 accumulators + 2 B + 1 broadcast + 1 product temporary = 16. "
-     "B micro-panel 8 KiB. Attention tiles of 120 rows, as for AVX2."},
+     "B micro-panel 8 KiB. Attention tiles of 120 rows, as for AVX2. No int8 paged kernels (they need NR 32)."},
 };
 
 static_assert([] {

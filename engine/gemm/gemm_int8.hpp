@@ -112,9 +112,16 @@ const int8_paged_kernels& emulated_int8_paged_kernels();
 void gemm_int8_paged(a_quantization quantization, gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b,
                      float* c, std::size_t ldc);
 
-/// The same through the given kernels (the emulation runs on any CPU).
+/// pv_rows_per_call of gemm_int8_paged_with: the configuration's
+/// (kernel_config_row::int8_pv_rows_per_call).
+inline constexpr std::size_t int8_pv_rows_configured = ~std::size_t{0};
+
+/// The same through the given kernels (the emulation runs on any CPU); a
+/// single row block of int16 A over row pages (p v) takes pages of fewer
+/// than pv_rows_per_call rows several to a call. No value changes.
 void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quantization, gemm_shape shape, float alpha,
-                          gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc);
+                          gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc,
+                          std::size_t pv_rows_per_call = int8_pv_rows_configured);
 
 /// Whether gemm_int8_paged runs here over B packed for `path` with elements
 /// `element`: CPUID reports AVX512-VNNI and AVX512-VBMI, KVHEAD_ISA does not

@@ -27,9 +27,6 @@ namespace {
 
 static_assert(paged_panel_columns == 32, "the int8 A kernels read a panel's rows 32 bytes apart, 4 in 128 bytes");
 
-// int16 A over row pages (p v): a call takes pages up to this many rows.
-constexpr std::size_t pv_rows_per_call = 64;
-
 // The emulation's blocking: 12 rows, as the hardware kernels' (the sums are
 // exact, so any blocking gives the same bits).
 constexpr std::size_t int8_mr = 12;
@@ -126,7 +123,8 @@ bool gemm_int8_paged_runs(simd_path path, kv_dtype element) {
 }
 
 void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quantization, gemm_shape shape, float alpha,
-                          gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc) {
+                          gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc,
+                          std::size_t pv_rows_per_call) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k;
   const bool int8_a = quantization == a_quantization::int8;
   constexpr std::size_t narrow_row_bytes = 16;  // the int8 A kernels' narrow panels
@@ -152,17 +150,17 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
   const std::size_t mr = kernels.mr;
   const kernel_config_row& row = *kernel_config_for(b.path).row;
   const stream_prefetch prefetch = paged_stream_prefetch(row, row.paged_prefetch_bytes, m <= mr, b.element);
+  if (pv_rows_per_call == int8_pv_rows_configured) pv_rows_per_call = row.int8_pv_rows_per_call;
   if (!int8_a && b.along_k && k > b.page && m <= mr) {
     // One row block over several row pages (a decode step's p v over a
     // cache's blocks): the pages outermost, each page's panels (contiguous
     // in it) read as one stream before the next page, as gemm_bf16_paged
     // does; each tile's int32 sums run on from page to page in `carry`.
     // Measured on Zen 4 (S1's geometry, int8 cache, 4 alternations): block
-    // 16 1.61-2.01 ms -> 1.30-1.63, block 32 1.43-1.59 -> 1.16-1.67. Pages
-    // of fewer than pv_rows_per_call rows go several to a call, each
-    // panel's rows of all of them: fewer calls and carries (Zen 5, 5
-    // alternations: block 16 405 -> 366 us, 32 348 -> 340; the same
-    // integer sums).
+    // 16 1.61-2.01 ms -> 1.30-1.63, block 32 1.43-1.59 -> 1.16-1.67. Where
+    // the configuration says, pages of fewer than pv_rows_per_call rows go
+    // several to a call, each panel's rows of all of them: fewer calls and
+    // carries, the same integer sums (kernel_config_row::int8_pv_rows_per_call).
     for_each_page_and_panel<std::int32_t>(
         b, k, n, m, pv_rows_per_call / b.page,
         [&](const void* const* rows_of_panel, std::size_t row0, std::size_t rows, std::size_t col, std::size_t cols,
