@@ -216,11 +216,11 @@ TEST_CASE(
         CAPTURE(name(quantization));
         CAPTURE(along_k);
         std::vector<float> first;
-        for (const std::size_t page : {std::size_t{256}, std::size_t{64}, std::size_t{16}})
+        for (const std::size_t page : {std::size_t{256}, std::size_t{64}, std::size_t{16}}) {
+          const paged_matrix matrix = page_b(b, k, n, page, along_k);
           for (const std::size_t pv_rows_per_call : {std::size_t{0}, std::size_t{64}}) {  // one page or 4 of 16 a call
             CAPTURE(page);
             CAPTURE(pv_rows_per_call);
-            const paged_matrix matrix = page_b(b, k, n, page, along_k);
             const std::vector<float> c = run(*kernels.kernels, quantization, {m, n, k, page, along_k, 1.0f}, a, k,
                                              matrix, n, m, pv_rows_per_call);
             if (first.empty())
@@ -228,6 +228,7 @@ TEST_CASE(
             else
               CHECK(std::memcmp(first.data(), c.data(), c.size() * sizeof(float)) == 0);
           }
+        }
         if (!along_k) {  // narrow pages: a KV cache's 16-key blocks
           const paged_matrix narrow = page_b(b, k, n, 16, false, true);
           const std::vector<float> c =

@@ -70,8 +70,8 @@ struct kernel_config_row {
   // Under a single row block (a decode step's p v over an int8 cache), the
   // int8 kernels take pages of fewer rows than this several to a call, each
   // panel's rows of all of them in turn (fewer calls and carries, the same
-  // integer sums); at most one page's rows (0): one page per call, every
-  // page's panels read as one stream in address order.
+  // integer sums); 0 (or no more than a page's rows): one page per call,
+  // each page's panels read as one stream, the pages in address order.
   std::size_t int8_pv_rows_per_call;
   // Attention's products in bf16 precision and over bf16 K/V run on the bf16
   // paged kernels (vdpbf16ps) where the CPU has them; false: on this row's
