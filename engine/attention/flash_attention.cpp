@@ -337,10 +337,9 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
       key_scales = gathered_scales[0];
       value_scales = gathered_scales[1];
     }
-  }
-  if (scaled)
     for (std::size_t row = 0; row < rows; ++row)
       multiply_floats(scores + row * kv_chunk + first_key, key_scales, width - first_key, tile.path);
+  }
   if (tile.variants.logit_softcap > 0.0f)  // in place over each row's visible keys
     for (std::size_t row = 0; row < rows; ++row) {
       const key_span keys = visible(row / group);

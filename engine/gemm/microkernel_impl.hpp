@@ -117,12 +117,11 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
       if constexpr (decltype(prefetch)::value != prefetch_none)
         if (k % rows_per_line == 0) {
           const auto* next_row = reinterpret_cast<const char*>(b_next + k * params.b_row_stride);
-          __builtin_prefetch(next_row);
-          if constexpr (Columns * sizeof(Element) > 64) __builtin_prefetch(next_row + 64);
-          if constexpr (decltype(prefetch)::value == prefetch_l1_and_l2) {
-            __builtin_prefetch(next_row + params.b_next_l2_offset, 0, 2);
-            if constexpr (Columns * sizeof(Element) > 64)
-              __builtin_prefetch(next_row + params.b_next_l2_offset + 64, 0, 2);
+#pragma GCC unroll 2
+          for (std::size_t line = 0; line < Columns * sizeof(Element); line += 64) {
+            __builtin_prefetch(next_row + line);
+            if constexpr (decltype(prefetch)::value == prefetch_l1_and_l2)
+              __builtin_prefetch(next_row + params.b_next_l2_offset + line, 0, 2);
           }
         }
       batch b_row[vectors];
