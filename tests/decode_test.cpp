@@ -101,36 +101,6 @@ TEST_CASE("decode: token by token and in chunks equals the full causal forward, 
   }
 }
 
-// 16 query heads on one kv head: a decode step's tile is more rows than one
-// row block, whose chunks prefetch the next chunk's K and V where the
-// configuration says (kernel_config_row::next_chunk_l2_prefetch_f32; a hint
-// that must leave every bit as it is). On one thread a step's chunks go in
-// 4 ranges (split_schedule.hpp): 13 chunks make ranges of 3 and 4, so most
-// chunks have a next one in their range.
-TEST_CASE("decode: MQA of more query heads than a row block, over many chunks, equals the full causal forward") {
-  layer_fixture f(kvhead::attention_config{16, 1, 8, 16, {}, true, 10000.0});
-  std::mt19937 generator(2);
-  constexpr std::size_t prefill = 3100, seq = prefill + 2;
-  const std::vector<float> x = random_values(seq * f.config.d_model, generator, 1.0f);
-  const std::vector<float> expected = f.full(x, seq);
-  for (std::size_t block_size : {16, 64, 256}) {
-    kvhead::kv_cache cache = make_cache(f.config, block_size);
-    const kvhead::sequence_id id = cache.create();
-    std::vector<float> y(x.size());
-    tbb::task_arena(1).execute([&] {
-      for (std::size_t done = 0; done < seq;) {
-        const std::size_t tokens = done < prefill ? std::min<std::size_t>(1024, prefill - done) : 1;
-        cache.append(id, tokens);
-        f.layer.forward(cache, 0, {{id, tokens}}, x.data() + done * f.config.d_model,
-                        y.data() + done * f.config.d_model);
-        done += tokens;
-      }
-    });
-    INFO("block_size " << block_size);
-    CHECK(same_bits(y.data(), expected.data(), y.size()));
-  }
-}
-
 TEST_CASE("decode: a ragged batch mixing a prefill chunk with single-token steps equals each sequence alone") {
   layer_fixture f({6, 3, 8, 24, {}, true, 500.0});
   std::mt19937 generator(2);

@@ -367,63 +367,6 @@ TEST_CASE("gemm over a paged B: the bits of one packed B, pages along n or along
       doctest::Contains("narrow pages need to be column pages"), std::invalid_argument);
 }
 
-TEST_CASE("l2_prefetch_stream: the whole lines of each region, in order, a call's lines at a time") {
-  alignas(64) static std::byte memory[64 * 64];
-  l2_prefetch_stream stream;
-  stream.add(memory + 4, 130);  // bytes 4..133: lines 0, 1 and 2
-  stream.add(memory + 640, 0);  // nothing
-  stream.add(memory + 1024, 64);
-  l2_prefetch_stream::lines_span span = stream.take(2);
-  CHECK(span.first == memory);
-  CHECK(span.count == 2);
-  span = stream.take(5);  // the first region's last line only
-  CHECK(span.first == memory + 128);
-  CHECK(span.count == 1);
-  span = stream.take(5);
-  CHECK(span.first == memory + 1024);
-  CHECK(span.count == 1);
-  CHECK(stream.take(1).count == 0);
-  stream.clear();
-  for (std::size_t region = 0; region < l2_prefetch_stream::max_regions + 3; ++region) stream.add(memory + region, 1);
-  std::size_t lines = 0;
-  for (span = stream.take(1); span.count != 0; span = stream.take(1)) lines += span.count;
-  CHECK(lines == l2_prefetch_stream::max_regions);  // regions beyond the capacity are dropped
-}
-
-TEST_CASE("gemm over a paged B follows an l2_prefetch_stream under a gemm_serial_scope only, with the same bits") {
-  const std::size_t m = 30, k = 128, page = 32, pages = 3, n = page * pages;  // several A panels on every path
-  alignas(64) static std::byte far[1 << 16];
-  for (simd_path path : kvhead::supported_simd_paths()) {
-    CAPTURE(std::string(kvhead::to_string(path)));
-    const std::vector<float> a = seeded_floats(m * k, 5), b = seeded_floats(k * n, 6);
-    std::vector<packed_b> parts;
-    std::vector<const void*> addresses;
-    for (std::size_t p = 0; p < pages; ++p) {
-      parts.emplace_back(k, page, gemm_operand{b.data() + p * page, n, transpose::no}, path);
-      addresses.push_back(parts.back().view().panels);
-    }
-    std::vector<float> expected(m * n), got(m * n);
-    gemm({m, n, k}, 0.5f, {a.data(), k, transpose::no}, paged_b_view{addresses.data(), page, false, k, n, path}, 0.0f,
-         expected.data(), n);
-    l2_prefetch_stream stream;
-    stream.add(far, sizeof far);
-    paged_b_view view{addresses.data(), page, false, k, n, path};
-    view.ahead = &stream;
-    gemm({m, n, k}, 0.5f, {a.data(), k, transpose::no}, view, 0.0f, got.data(), n);
-    CHECK(same_floats(got, expected));
-    CHECK(stream.take(1).first == far);  // untouched: the product may have run in parallel
-    tbb::task_arena(1).execute([&] {     // one task: its calls over several A panels prefetch (b_next)
-      const gemm_serial_scope serial;
-      gemm({m, n, k}, 0.5f, {a.data(), k, transpose::no}, view, 0.0f, got.data(), n);
-    });
-    CHECK(same_floats(got, expected));
-    std::size_t left = 0;
-    for (l2_prefetch_stream::lines_span span = stream.take(64); span.count != 0; span = stream.take(64))
-      left += span.count;
-    CHECK(left < sizeof far / 64 - 1);  // the calls took lines
-  }
-}
-
 // A KV cache's 16-key blocks on a path whose panels are wider: each page one
 // narrow panel of row stride 16, its last row followed by NaN the kernel
 // reads into columns it never uses.

@@ -78,19 +78,11 @@ struct kernel_config_row {
   // fp32 FMAs over the same rounded values, where vdpbf16ps runs at a
   // fraction of their rate (bf16_paged_products_chosen, gemm_bf16.hpp).
   bool bf16_paged_products;
-  // A decode step of more query rows per kv head than one row block (MQA:
-  // S4's 32) runs each chunk's products over several A panels, whose
-  // prefetch of the next B panel keeps too few lines in flight to overlap
-  // an f32 cache's K and V stream with the FMAs; true: over f32 K/V those
-  // products also prefetch the next chunk's K and V into L2, a line per k
-  // step (l2_prefetch_stream). Not over 2-byte K/V: their stream is half
-  // as fast, and the hardware and the next-panel prefetch already overlap it.
-  bool next_chunk_l2_prefetch_f32;
   const char* why;  // the tile, the share, the rows, the prefetch and A in place, measured where stated
 };
 
 inline constexpr kernel_config_row kernel_config_rows[] = {
-    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0, 0, 0, 0, 64, true, false,
+    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0, 0, 0, 0, 64, true,
      "Zen 4 splits each 512-bit FMA over its two 256-bit pipes (16 fp32 FMAs per cycle). 32 zmm: "
      "12 x 32 = 24 accumulators + 2 B vectors + 1 broadcast = 27 live; 24 chains cover the 4-cycle "
      "latency; 14 x 32 (31 live) measured no faster. The 32 KiB B micro-panel streams from L2 "
@@ -100,7 +92,7 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "measured no faster in the bf16 kernel (the whole step ahead, as on Zen 5, not measured here). "
      "A packed unless it is one panel (A in place for short products, as on Zen 5: not measured here). int8 p v "
      "pages several to a call up to 64 rows, as on Zen 5 (not measured here)."},
-    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 0, 8, 64, true, false,
+    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 0, 8, 64, true,
      "Zen 5: two full 512-bit FMA pipes (32 fp32 FMAs per cycle), 48 KiB L1d, 1 MiB L2; the tile, "
      "blocks and attention tiles of avx512-2x512 (below), measured here: 81-89% of FMA peak at 1024^3; "
      "an A block of 1/8 to 3/4 of L2 and NC 1024 to 4096 within the noise of the default; attention "
@@ -116,7 +108,7 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "719-722 us, 256^3 146 -> 141 us, 1024 x 128 x 1024 1.19-1.21 -> 1.13 ms; at 16 B panels 1024^3 "
      "within the noise, and with every A in place 2048^3 lost 9-13%. int8 p v pages several to a call up to 64 "
      "rows (5 alternations, S1 over an int8 cache): block 16 405 -> 366 us, 32 348 -> 340."},
-    {"avx512-xeon", simd_path::avx512, cpu_class::intel_amx, 12, 32, 2, 120, 2048, 3072, 4096, 8, 0, false, true,
+    {"avx512-xeon", simd_path::avx512, cpu_class::intel_amx, 12, 32, 2, 120, 2048, 3072, 4096, 8, 0, false,
      "Intel Xeon with AMX (measured on one that reports model 0xa7 under KVM, 2026-12-04): the tile, blocks "
      "and attention tiles of avx512-2x512 (below); attention tiles of 240 rows within the noise of 120. "
      "vdpbf16ps runs at half the FMA rate here (limit_avx512bf16 120 GFLOP/s against limit_fma_peak 242), "
@@ -134,25 +126,22 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "row blocks (S4): bf16 and int8 2-4% slower. A in place up to 8 B panels, as on Zen 5: S2 76-81 -> "
      "70-71 ms, 1024 x 128 x 1024 1.94-2.06 -> 1.67-1.69 ms, 256^3 and 1024^3 within the noise. int8 p v one "
      "page per call, in address order, not pages of up to 64 rows several to a call as on Zen 5 (S1 over an int8 "
-     "cache, 2 alternations in one process): block 16 919-950 -> 883-900 us, block 32 899-907 -> 876-885. "
-     "A decode step of more query rows than a row block over f32 K/V prefetches the next chunk's K and V into "
-     "L2, a line per k step (3 alternations of builds, S4 from DRAM): 1 thread 1.30-1.41 -> 1.25-1.26 ms, 2 "
-     "threads 0.71-0.75 -> 0.64-0.67 ms; over bf16 3-8% slower, so f32 only."},
-    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, 0, 64, true, false,
+     "cache, 2 alternations in one process): block 16 919-950 -> 883-900 us, block 32 899-907 -> 876-885."},
+    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, 0, 64, true,
      "Two full 512-bit FMA ports (Intel Xeon, AMD Zen 5): 32 fp32 FMAs per cycle, 4-cycle latency, "
      "so at least 8 independent chains; 12 x 32 keeps 24 (BLIS's skx sgemm, 32 x 12 transposed) "
      "with 14 loads per 24 FMAs, within two load ports. The 32 KiB B micro-panel fits a 48 KiB L1d. "
      "Attention tiles of 120 rows (measured on Zen 5, avx512-zen5 above). No paged prefetch, no A in place "
      "beyond one panel: CPUs no row names (the Xeons and Zen 5 measured have theirs above). int8 p v pages "
      "several to a call up to 64 rows, as on Zen 5."},
-    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0, 0, 0, true, false,
+    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0, 0, 0, true,
      "AVX2 + FMA, two 256-bit FMA pipes (Intel Haswell on, AMD Zen 1-4): 16 ymm: 6 x 16 = 12 "
      "accumulators + 2 B vectors + 1 broadcast = 15 live (BLIS's haswell sgemm); 12 chains cover "
      "4-cycle latency x 2 pipes (needs 8); 8 loads per 12 FMAs. B micro-panel 16 KiB, half of L1d. "
      "On Zen 3 an A block of a quarter of L2 measured no faster than half. Attention tiles of 120 "
      "rows: 60, 120 and 240 measured within 2% on S2 and S3 (Zen 3, 512 KiB L2); fewer rows re-read "
      "each chunk's K and V more often, more spill the scores from L2. No int8 paged kernels (they need NR 32)."},
-    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0, 0, 0, true, false,
+    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0, 0, 0, true,
      "SSE2 (no FMA): 16 xmm: 6 x 8 = 12 accumulators + 2 B + 1 broadcast + 1 product temporary = 16. "
      "B micro-panel 8 KiB. Attention tiles of 120 rows, as for AVX2. No int8 paged kernels (they need NR 32)."},
 };

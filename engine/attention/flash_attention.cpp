@@ -210,7 +210,6 @@ std::size_t partial_floats(const attention_tile& tile) { return tile.positions *
 // whichever kind of task the thread happens to run first.
 struct tile_scratch {
   scratch_lease running, q_rows, scores, partial;
-  l2_prefetch_stream next_chunk;  // what a chunk's products prefetch (prefetch_chunk)
   explicit tile_scratch(const attention_tile& tile)
       : running(partial_floats(tile)),
         q_rows(tile.positions * tile.group * tile.head_dim),
@@ -248,35 +247,6 @@ const void* page_with_leading_zeros(const packed_b_view& values, std::size_t row
   for (std::size_t col = 0; col < values.n; col += config.nr)
     std::memset(target + pack_b_offset(config, values.k, values.n, 0, col) * bytes, 0, rows * config.nr * bytes);
   return target;
-}
-
-// Whether the tile's chunks prefetch the next one's K and V into L2 as they
-// compute (kernel_config_row::next_chunk_l2_prefetch_f32): a decode step of
-// more query rows per kv head than one row block (MQA).
-bool prefetches_next_chunk(const attention_tile& tile) {
-  return tile.positions == 1 && tile.group > gemm_config_for(tile.path).mr &&
-         kernel_config_for(tile.path).row->next_chunk_l2_prefetch_f32;
-}
-
-// The f32 K and V of chunk `chunk` that the tile's query row reads, as an L2
-// prefetch stream: each segment's K, then its V when packed (V read in
-// place is not); nothing over K/V of another element type.
-static_assert(2 * max_segments_per_chunk <= l2_prefetch_stream::max_regions);
-void prefetch_chunk(const attention_tile& tile, const kv_chunk_source& source, std::size_t chunk,
-                    l2_prefetch_stream& stream) {
-  const key_span keys = visible_in_chunk(tile, chunk, 0);
-  if (keys.count() == 0) return;
-  const gemm_config& config = gemm_config_for(tile.path);
-  const std::size_t segment_keys = source.segment_keys();
-  for (std::size_t s = keys.begin / segment_keys; s < ceil_div(keys.end, segment_keys); ++s) {
-    const kv_segment view = source.segment(chunk, s);
-    if (view.keys.element != kv_dtype::f32) return;
-    const std::size_t key_floats = view.key_row_stride != 0 ? view.keys.k * view.key_row_stride
-                                                            : packed_b_floats(config, view.keys.k, view.keys.n);
-    stream.add(view.keys.panels, key_floats * sizeof(float));
-    if (view.values.panels != nullptr)
-      stream.add(view.values.panels, packed_b_floats(config, view.values.k, view.values.n) * sizeof(float));
-  }
 }
 
 // 2. Chunk `chunk`'s partial of every row: (max, sum) and acc [rows x d].
@@ -329,7 +299,6 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   }
   const packed_b_view& first_keys = views[first_segment].keys;
   const product_kind kind = attention_products(tile.precision, tile.path, first_keys.element, head_dim);
-  l2_prefetch_stream* const next_chunk = scratch.next_chunk.done() ? nullptr : &scratch.next_chunk;
   const paged_b_view keys_view{key_pages + first_segment,
                                first_keys.n,
                                false,
@@ -337,8 +306,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
                                width - first_key,
                                first_keys.path,
                                first_keys.element,
-                               views[first_segment].key_row_stride,
-                               next_chunk};
+                               views[first_segment].key_row_stride};
   const gemm_operand queries{scratch.q_rows.data(), head_dim, transpose::no};
   paged_product(kind, attention_product::scores, {rows, width - first_key, head_dim}, tile.scale, queries, keys_view,
                 scores + first_key, kv_chunk);
@@ -432,7 +400,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     if (from < keys.begin && !views[start].values_finite && !all_finite(views[start].values, keys.begin - from))
       pages[0] = page_with_leading_zeros(views[start].values, keys.begin - from, copy);
     const paged_b_view values{
-        pages, first_values.k, true, keys.end - from, head_dim, first_values.path, first_values.element, 0, next_chunk};
+        pages, first_values.k, true, keys.end - from, head_dim, first_values.path, first_values.element};
     // bf16: from is a segment's first key, so pairs of keys start at even positions of the chunk.
     paged_product(kind, attention_product::values, shape, 1.0f, probabilities, values, target, head_dim);
   };
@@ -521,11 +489,8 @@ void write_output(const attention_tile& tile, const float* running, row_range ra
 void process_chunks(const attention_tile& tile, const kv_chunk_source& source, std::size_t begin, std::size_t end,
                     float* running, float* stored, tile_scratch& scratch) {
   gather_queries(tile, scratch.q_rows.data());
-  const bool prefetch_next = prefetches_next_chunk(tile);
   for (std::size_t chunk = begin; chunk < end; ++chunk) {
     float* partial = stored != nullptr ? stored + (chunk - begin) * partial_floats(tile) : scratch.partial.data();
-    scratch.next_chunk.clear();
-    if (prefetch_next && chunk + 1 < end) prefetch_chunk(tile, source, chunk + 1, scratch.next_chunk);
     chunk_partial(tile, source, chunk, scratch, partial);
     if (stored == nullptr) merge_into(tile, {chunk, chunk + 1}, running, partial, all_rows(tile));
   }

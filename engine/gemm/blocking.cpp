@@ -11,15 +11,13 @@ struct tile_lookup<Arch, std::tuple<Shapes...>> {
   static constexpr bool compiled(std::size_t mr, std::size_t nr) {
     return ((Shapes::mr == mr && Shapes::nr == nr) || ...);
   }
-  // microkernels, wide_microkernels, half_microkernels, ahead_microkernels (fp32 only)
-  enum class kind { panel, wide, half, ahead };
+  enum class kind { panel, wide, half };  // microkernels, wide_microkernels, half_microkernels
   // The tile's kernels of `which` kind for B stored as `element`.
   template <class Kernels>
   static const microkernel_function* of(kind which, kv_dtype element) {
-    return which == kind::wide    ? Kernels::wide_microkernels(element)
-           : which == kind::half  ? Kernels::half_microkernels(element)
-           : which == kind::ahead ? Kernels::ahead_microkernels()
-                                  : Kernels::microkernels(element);
+    return which == kind::wide   ? Kernels::wide_microkernels(element)
+           : which == kind::half ? Kernels::half_microkernels(element)
+                                 : Kernels::microkernels(element);
   }
   static const microkernel_function* kernels(std::size_t mr, std::size_t nr, kv_dtype element, kind which) {
     const microkernel_function* found = nullptr;
@@ -76,7 +74,6 @@ gemm_config resolve(simd_path path) {
                        tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::panel),
                        tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::wide),
                        tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::half),
-                       tiles_of<Arch>::kernels(machine.mr, machine.nr, kv_dtype::f32, tiles_of<Arch>::kind::ahead),
                        row_stream_kernels<Arch>::row_streams(),
                        paged_prefetch(*machine.row),
                        machine.row->a_in_place_panels,

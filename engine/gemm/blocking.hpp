@@ -46,8 +46,6 @@ struct gemm_config {
   std::array<const microkernel_function*, stored_dtype_count> wide_microkernels;
   // half_microkernels[element][rows - 1], rows in 1..mr: the first NR / 2 columns only (microkernel.hpp).
   std::array<const microkernel_function*, stored_dtype_count> half_microkernels;
-  // ahead_microkernels[rows - 1], rows in 1..mr: fp32 B, following l2_ahead (microkernel.hpp).
-  const microkernel_function* ahead_microkernels;
   const row_stream_function* row_streams;  // [rows - 1], rows in 1..row_stream_max_rows
   // paged_prefetch[element]: under a single A panel, kernel_config_row::fp32_paged_prefetch_bytes and the L2 lead.
   std::array<stream_prefetch, stored_dtype_count> paged_prefetch;

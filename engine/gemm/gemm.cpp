@@ -40,27 +40,6 @@ void validate_c(const float* c, std::size_t ldc, std::size_t m, std::size_t n) {
   });
 }
 
-void l2_prefetch_stream::add(const void* data, std::size_t bytes) {
-  if (regions_ == max_regions || bytes == 0) return;
-  const auto address = reinterpret_cast<std::uintptr_t>(data);
-  const std::uintptr_t first_line = address / l2_ahead_line_bytes,
-                       end_line = ceil_div(address + bytes, l2_ahead_line_bytes);
-  first_[regions_] = static_cast<const std::byte*>(data) - (address - first_line * l2_ahead_line_bytes);
-  lines_[regions_++] = end_line - first_line;
-}
-
-l2_prefetch_stream::lines_span l2_prefetch_stream::take(std::size_t lines) {
-  if (next_ == regions_) return {nullptr, 0};
-  const lines_span span{first_[next_] + lines_taken_ * l2_ahead_line_bytes,
-                        std::min(lines, lines_[next_] - lines_taken_)};
-  lines_taken_ += span.count;
-  if (lines_taken_ == lines_[next_]) {
-    ++next_;
-    lines_taken_ = 0;
-  }
-  return span;
-}
-
 namespace {
 
 std::size_t& serial_depth() {
@@ -93,7 +72,6 @@ struct b_block {
   std::size_t first_page = 0, page_columns = 0, panels_per_page = 0, page_offset = 0;  // column pages
   std::size_t first_panel = 0, page_depth = 0;                                         // row pages (depth 0: none)
   bool half_panels = false;  // panels of at most NR / 2 columns: the half kernels (microkernel.hpp)
-  l2_prefetch_stream* ahead = nullptr;  // taken by the fp32 calls that prefetch (b_next)
 };
 
 // Columns [col, col + width) of a block.
@@ -107,9 +85,7 @@ struct column_span {
 void run_tile(const gemm_config& config, kv_dtype element, const microkernel_params& params, std::size_t rows,
               std::size_t cols, bool half = false) {
   const microkernel_function kernel =
-      params.l2_ahead_lines != 0
-          ? config.ahead_microkernels[rows - 1]
-          : (half ? config.half_microkernels : config.microkernels)[static_cast<std::size_t>(element)][rows - 1];
+      (half ? config.half_microkernels : config.microkernels)[static_cast<std::size_t>(element)][rows - 1];
   if (cols == (half ? config.nr / 2 : config.nr)) {
     kernel(params);
     return;
@@ -342,14 +318,6 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       params.accumulate = i.page > 0;  // row pages: continue the chain
       params.b_next = b_prefetch;
       params.b_next_l2_offset = b_prefetch_l2_offset;
-      if (block.ahead != nullptr) {  // the ahead kernels take the stream's next lines (fp32 panels, with b_next)
-        const l2_prefetch_stream::lines_span lines =
-            b_prefetch != nullptr && block.element == kv_dtype::f32 && !block.half_panels
-                ? block.ahead->take(params.k_depth)
-                : l2_prefetch_stream::lines_span{nullptr, 0};
-        params.l2_ahead = lines.first;
-        params.l2_ahead_lines = lines.count;
-      }
       run_tile(config, packed_tail ? kv_dtype::f32 : block.element, params, span.rows, columns.width,
                block.half_panels);
       if (next.a_index != i.a_index && !done(next)) span = a_panel(m, config.mr, next.a_index);
@@ -547,8 +515,6 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, 
            ") columns per page (" + std::to_string(b.page) + ") and a row stride of at least that (" +
            std::to_string(b.narrow_row_stride) + ")";
   });
-  // The stream's position is the calls' shared state: serial products only.
-  l2_prefetch_stream* const ahead = gemm_serial_scope::active() ? b.ahead : nullptr;
   if (b.along_k) {
     engine::require(shape.k <= config.kc && alpha == 1.0f && beta == 0.0f, [&] {
       return std::string("gemm: a B paged along k needs k <= KC (") + std::to_string(shape.k) + "), alpha 1 and beta 0";
@@ -558,7 +524,6 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, 
       block.pages = b.pages;
       block.first_panel = col0 / config.nr;
       block.page_depth = b.page;
-      block.ahead = ahead;
       return block;
     };
     multiply(config, shape.m, shape.n, shape.k, alpha, a, rounding, beta, c, ldc, row_pages);
@@ -579,7 +544,6 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, 
     block.panels_per_page = ceil_div(b.page, half ? config.nr / 2 : config.nr);
     block.page_offset = k0 * (narrow ? row_stride : round_up(b.page, config.nr));
     block.half_panels = half;
-    block.ahead = ahead;
     return block;
   };
   multiply(whole_pages, shape.m, shape.n, shape.k, alpha, a, rounding, beta, c, ldc, column_pages);

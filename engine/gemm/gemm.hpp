@@ -33,34 +33,6 @@ namespace kvhead::engine {
 
 enum class transpose : bool { no = false, yes = true };
 
-/// Memory that a later product will read, prefetched into L2 (prefetcht1)
-/// while the products it is given to (paged_b_view::ahead) compute: each of
-/// their micro-kernel calls takes the next lines, one per k step, its
-/// regions in order. A hint: it never changes a result. Followed only by
-/// products over fp32 pages that run serially (under a gemm_serial_scope,
-/// as attention's do); others leave it as it is.
-class l2_prefetch_stream {
- public:
-  static constexpr std::size_t max_regions = 32;
-  void clear() { regions_ = next_ = lines_taken_ = 0; }
-  /// Whether every line has been taken (or none added).
-  bool done() const { return next_ == regions_; }
-  /// Appends the lines of [data, data + bytes) (dropped when max_regions are held).
-  void add(const void* data, std::size_t bytes);
-  /// Up to `lines` lines from where the stream is, all in one region: first,
-  /// first + l2_ahead_line_bytes, ... (count 0: the stream is done).
-  struct lines_span {
-    const std::byte* first;
-    std::size_t count;
-  };
-  lines_span take(std::size_t lines);
-
- private:
-  const std::byte* first_[max_regions] = {};
-  std::size_t lines_[max_regions] = {};
-  std::size_t regions_ = 0, next_ = 0, lines_taken_ = 0;  // next_: the region being taken, lines_taken_ of it
-};
-
 /// A row-major operand: element (row, col) of op(X) at the index below.
 struct gemm_operand {
   const float* data;
@@ -145,8 +117,6 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float 
 /// kernels (microkernel.hpp); wider narrow pages read whole NR-wide rows,
 /// so the page's last row reads up to NR - narrow_row_stride elements past
 /// it, which must be readable memory (they only reach columns never used).
-/// ahead (optional): memory a later product will read, which this one's
-/// micro-kernel calls prefetch into L2 as they run (l2_prefetch_stream).
 struct paged_b_view {
   const void* const* pages;
   std::size_t page;
@@ -155,7 +125,6 @@ struct paged_b_view {
   simd_path path;
   kv_dtype element = kv_dtype::f32;
   std::size_t narrow_row_stride = 0;
-  l2_prefetch_stream* ahead = nullptr;
 };
 
 /// Whether b's narrow pages, if any, are as paged_b_view says (column pages

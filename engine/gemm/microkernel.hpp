@@ -31,13 +31,6 @@
 //          b_next_l2_offset: when not 0, row k of b_next plus that many
 //          bytes is also prefetched at step k, into L2 only (prefetcht1):
 //          the same stream further ahead (kernel_config_row::paged_l2_lead_bytes).
-// l2_ahead (the ahead kernels only, fp32 B, with b_next): line k of
-//          l2_ahead (k * l2_ahead_line_bytes on) is prefetched into L2 at
-//          step k < l2_ahead_lines: memory a later product reads
-//          (l2_prefetch_stream, gemm.hpp). Kernels of their own, not a
-//          branch in every kernel: with the test of k against
-//          l2_ahead_lines in them all, S1 over an f32 cache at block 16
-//          (5 short calls per 16 keys) ran 3-5% slower (Xeon).
 // Arithmetic, fixed on each path: acc = 0; for k in order: acc = fma(a, b, acc)
 // (mul then add on sse2); then C = alpha * acc + beta * C. Every element of the
 // tile gets exactly this sequence, whatever its row or column, so a row of C
@@ -80,14 +73,9 @@ struct microkernel_params {
   const void* b_next = nullptr;
   std::size_t b_next_l2_offset = 0;  // with b_next: bytes beyond it also prefetched into L2 (0: not)
   std::size_t b_panel_stride = 0;  // elements between the panels of a wide tile
-  const std::byte* l2_ahead = nullptr;  // the ahead kernels: lines prefetched into L2, one per k step
-  std::size_t l2_ahead_lines = 0;
 };
 
 using microkernel_function = void (*)(const microkernel_params&);
-
-/// The bytes between the lines of l2_ahead the k steps prefetch.
-inline constexpr std::size_t l2_ahead_line_bytes = 64;
 
 // The row-streaming kernel, for m so small that reading B dominates (GEMV-like):
 //
@@ -127,8 +115,7 @@ inline constexpr std::size_t row_stream_max_rows = 4;
 /// elements), one instantiation per entry of compiled_tiles<Arch>.
 template <class Arch, std::size_t MR, std::size_t NR>
 struct gemm_kernels {
-  template <class Element, std::size_t Rows, std::size_t Panels = 1, std::size_t Columns = NR,
-            bool FollowsAhead = false>
+  template <class Element, std::size_t Rows, std::size_t Panels = 1, std::size_t Columns = NR>
   static void microkernel(const microkernel_params& params);
   /// microkernels(e)[rows - 1] is the kernel for a tile of `rows` rows,
   /// 1..MR, with B stored as e.
@@ -137,9 +124,6 @@ struct gemm_kernels {
   static const microkernel_function* wide_microkernels(kv_dtype element);
   /// half_microkernels(e)[rows - 1]: rows 1..MR over the first NR / 2 columns.
   static const microkernel_function* half_microkernels(kv_dtype element);
-  /// ahead_microkernels()[rows - 1]: rows 1..MR over fp32 B, with b_next,
-  /// also prefetching l2_ahead's lines.
-  static const microkernel_function* ahead_microkernels();
 };
 
 /// Wide tiles (above): rows 1..wide_max_rows, each with wide_panels(rows) B

@@ -46,7 +46,7 @@ struct panel_order {
 };
 
 template <class Arch, std::size_t MR, std::size_t NR>
-template <class Element, std::size_t Rows, std::size_t Panels, std::size_t Columns, bool FollowsAhead>
+template <class Element, std::size_t Rows, std::size_t Panels, std::size_t Columns>
 void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   using batch = xsimd::batch<float, Arch>;
   constexpr std::size_t rows = Rows;
@@ -84,16 +84,14 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
 #pragma GCC unroll 4
       for (std::size_t panel = 0; panel < Panels; ++panel) order::from_memory(acc[row] + panel * panel_vectors);
 
-  // What each k step prefetches: nothing, b_next's row, that and its row
-  // b_next_l2_offset further into L2, or (the ahead kernels) b_next's row
-  // and a line of l2_ahead into L2. Rows shorter than a line (half
+  // What each k step prefetches: nothing, b_next's row, or that and its
+  // row b_next_l2_offset further into L2. Rows shorter than a line (half
   // panels of 16-bit or 8-bit elements, Columns apart in a cache's narrow
   // K pages) prefetch at the first row of each line only: a prefetch per
   // row made S1 over a bf16 cache at block 16 3-5% slower (Xeon, 2
   // alternations), prefetches of lines already on their way waiting for a
   // fill buffer.
-  enum { prefetch_none, prefetch_l1, prefetch_l1_and_l2, prefetch_l1_and_ahead };
-  static_assert(!FollowsAhead || (std::is_same_v<Element, float> && Panels == 1 && Columns == NR));
+  enum { prefetch_none, prefetch_l1, prefetch_l1_and_l2 };
   constexpr std::size_t rows_per_line = Columns * sizeof(Element) >= 64 ? 1 : 64 / (Columns * sizeof(Element));
   // The k loop over A's strides: compile-time constants for a packed A
   // panel (1 along rows, MR along k: no index arithmetic in the loop), the
@@ -102,7 +100,6 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   // every variant.
   const Element* const b_panel = static_cast<const Element*>(params.b_panel);
   const Element* const b_next = static_cast<const Element*>(params.b_next);
-  const std::byte* const l2_ahead = params.l2_ahead;
   const auto k_loop = [&](auto a_row_stride, auto a_k_stride, auto prefetch) {
     // A's rows in groups of 3 from one pointer each (rows r, r + 1, r + 2 at
     // offsets 0, a_row_stride, 2 a_row_stride: one base and one index register
@@ -117,8 +114,6 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
     for (std::size_t group = 0; group < groups; ++group) a_group[group] = params.a + 3 * group * a_row_stride;
     const Element* b = b_panel;
     for (std::size_t k = 0; k < params.k_depth; ++k, b += params.b_row_stride) {
-      if constexpr (decltype(prefetch)::value == prefetch_l1_and_ahead)
-        if (k < params.l2_ahead_lines) __builtin_prefetch(l2_ahead + k * l2_ahead_line_bytes, 0, 2);
       if constexpr (decltype(prefetch)::value != prefetch_none)
         if (k % rows_per_line == 0) {
           const auto* next_row = reinterpret_cast<const char*>(b_next + k * params.b_row_stride);
@@ -149,9 +144,7 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
     else
       k_loop(params.a_row_stride, params.a_k_stride, prefetch);
   };
-  if constexpr (FollowsAhead)
-    with_a(std::integral_constant<int, prefetch_l1_and_ahead>{});
-  else if (b_next == nullptr)
+  if (b_next == nullptr)
     with_a(std::integral_constant<int, prefetch_none>{});
   else if (params.b_next_l2_offset == 0)
     with_a(std::integral_constant<int, prefetch_l1>{});
@@ -217,14 +210,6 @@ const microkernel_function* gemm_kernels<Arch, MR, NR>::half_microkernels(kv_dty
         {&microkernel<std::int8_t, Index + 1, 1, NR / 2>...}}};
   }(std::make_index_sequence<MR>{});
   return table[static_cast<std::size_t>(element)].data();
-}
-
-template <class Arch, std::size_t MR, std::size_t NR>
-const microkernel_function* gemm_kernels<Arch, MR, NR>::ahead_microkernels() {
-  static constexpr auto table = []<std::size_t... Index>(std::index_sequence<Index...>) {
-    return std::array<microkernel_function, MR>{&microkernel<float, Index + 1, 1, NR, true>...};
-  }(std::make_index_sequence<MR>{});
-  return table.data();
 }
 // clang-format on
 
