@@ -204,11 +204,13 @@ TEST_CASE("gemm determinism: a row of C is bit-identical for any m, thread count
 TEST_CASE("gemm: few rows over a B that is packed (transposed, or rows 256 bytes apart) split by columns per thread: "
           "the bits of the rows of a tall product") {
   // Up to 48 rows, a B that cannot be read in place is packed by column
-  // chunks, one per task, on several threads; a tall A takes the shared
-  // packed block. Both must give every element the same bits.
+  // chunks, one per task, on several threads; a tall A (more than 48 rows)
+  // takes the shared packed block. Both must give every element the same
+  // bits, over two KC blocks (the packed copy of the first block overwritten
+  // by the second's), whatever the number of A panels.
   for (simd_path path : kvhead::supported_simd_paths()) {
     const gemm_config config = gemm_config_for(path);
-    const std::size_t tall = 2 * config.mr + 5, k = config.kc + 3;
+    const std::size_t tall = 53, k = 2 * config.kc + 3;
     std::mt19937 generator(11);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     for (const std::size_t n : {std::size_t{2}, config.nr + 1, 9 * config.nr + 7})
@@ -229,8 +231,10 @@ TEST_CASE("gemm: few rows over a B that is packed (transposed, or rows 256 bytes
           return c;
         };
         const std::vector<float> full = run(0, tall, 1);
-        for (const std::size_t rows : {std::size_t{5}, config.mr + 1})
+        for (const std::size_t rows : {std::size_t{5}, config.mr + 1, 2 * config.mr + 5, std::size_t{48}})
           for (const int threads : {1, 2, 3}) {
+            CAPTURE(rows);
+            CAPTURE(threads);
             const std::vector<float> some = run(3, rows, threads);
             CHECK(std::memcmp(some.data(), full.data() + 3 * n, some.size() * sizeof(float)) == 0);
           }
