@@ -72,6 +72,15 @@ struct b_block {
   std::size_t first_page = 0, page_columns = 0, panels_per_page = 0, page_offset = 0;  // column pages
   std::size_t first_panel = 0, page_depth = 0;                                         // row pages (depth 0: none)
   bool half_panels = false;  // panels of at most NR / 2 columns: the half kernels (microkernel.hpp)
+  // Packed as read (source not null): the calls of the first A panel read
+  // panel p where it lies, at source + p * NR with rows source_ld apart, and
+  // when other A panels follow, store it packed at packing + p *
+  // panel_stride (= panels) for their calls (microkernel.hpp's b_copy). The
+  // block is then one row block, so those calls come first in each sweep.
+  // A last panel narrower than NR is packed beforehand (tail_panel).
+  const float* source = nullptr;
+  std::size_t source_ld = 0;
+  float* packing = nullptr;
 };
 
 // Columns [col, col + width) of a block.
@@ -147,7 +156,8 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
   // L2) times groups of panels. With several threads, aim for ~4 tasks
   // each, cutting rows first, then columns, into near-equal parts.
   const std::size_t wanted = wanted_tasks();
-  const std::size_t row_blocks = std::clamp<std::size_t>(wanted, ceil_div(m, config.mc), a_panels);
+  const std::size_t row_blocks =
+      block.source != nullptr ? 1 : std::clamp<std::size_t>(wanted, ceil_div(m, config.mc), a_panels);
   const std::size_t block_panels = ceil_div(a_panels, row_blocks);
   const std::size_t panel_groups =
       std::clamp<std::size_t>(ceil_div(wanted, ceil_div(a_panels, block_panels)), 1, panels);
@@ -242,7 +252,8 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     // arithmetic. Paged blocks, whose panels are not evenly spaced, do not.
     std::size_t narrow_begin = panel_begin;
     const panel_rows first_span = a_panel(m, config.mr, first_panel);
-    if (end_panel == first_panel + 1 && first_span.rows <= wide_max_rows && block.pages == nullptr) {
+    if (end_panel == first_panel + 1 && first_span.rows <= wide_max_rows && block.pages == nullptr &&
+        block.source == nullptr) {
       const std::size_t width = wide_panels(first_span.rows);
       const std::size_t full_end =
           std::min({panel_end, cols / config.nr, block.tail_panel != nullptr ? panels - 1 : panels});
@@ -313,6 +324,20 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       params.a = a_start(i.a_index, span) + k * a_k_stride;
       params.b_panel = b;
       params.b_row_stride = packed_tail ? config.nr : block.row_stride;
+      params.b_copy = nullptr;
+      if (block.source != nullptr && i.a_index == first_panel && !packed_tail) {
+        // The panel where it lies, packed as read when later A panels read
+        // it. At step k, row k of the next panel (the same row of B: its
+        // page's TLB entry is warm) is prefetched into L1 and the one after
+        // it into L2: the hardware streams no further than a row piece of a
+        // panel, each in a page of its own when rows are 4 KiB or more apart.
+        const float* const source = block.source + columns.col;
+        params.b_panel = source;
+        params.b_row_stride = block.source_ld;
+        if (end_panel > first_panel + 1) params.b_copy = block.packing + i.panel * block.panel_stride;
+        b_prefetch = source + config.nr;
+        b_prefetch_l2_offset = config.nr * sizeof(float);
+      }
       params.k_depth = block.page_depth != 0 ? std::min(block.page_depth, depth - k) : depth;
       params.c = c + span.row0 * ldc + col0 + columns.col;
       params.accumulate = i.page > 0;  // row pages: continue the chain
@@ -409,6 +434,16 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
   }
   const bool in_place =
       b.trans == transpose::no && shape.m <= in_place_b_max_rows && b.ld * sizeof(float) % set_conflict_row_bytes != 0;
+  // Few rows over an untransposed B whose rows conflict in L1 (above): the
+  // first A panel's calls read each panel where it lies and pack it as they
+  // go, for the A panels after (b_block::source), so its loads run among the
+  // FMAs instead of in a copy pass before them, and each call brings the
+  // next two panels' rows in. Xeon, 3 alternations in one binary: 32 x 4096
+  // x 128 356-360 -> 255-263 us at 1 thread (OpenBLAS 328-347), 186-192 ->
+  // 130-132 at 2; from DRAM (B rotated over 256 MiB) 444-477 -> 309-312 us;
+  // 8 x 4096 x 1024 1.49 -> 0.96 ms; 8 x 11008 x 4096 from DRAM, one A panel
+  // over 43 KiB rows, the one loss seen: 24.8-26.2 -> 26.1-28.3 ms.
+  const bool pack_as_read = !in_place && b.trans == transpose::no && shape.m <= in_place_b_max_rows;
   // Few rows over a B to be packed go in chunks of columns, each packed and
   // then multiplied: on several threads, each task its own chunk, so no core
   // reads panels another core has just written (shared panels made 32 x 4096
@@ -440,6 +475,16 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
       const std::size_t tail_cols = cols % nr;
       if (tail_cols != 0) pack_b(b, k0, depth, col0 + cols - tail_cols, tail_cols, nr, b_packed.data());
       return b_block{b.data + k0 * b.ld + col0, nr, b.ld, tail_cols != 0 ? b_packed.data() : nullptr};
+    }
+    if (pack_as_read) {
+      const std::size_t tail_cols = cols % nr, full_cols = cols - tail_cols;
+      float* const tail = b_packed.data() + full_cols * depth;
+      if (tail_cols != 0) pack_b(b, k0, depth, col0 + full_cols, tail_cols, nr, tail);
+      b_block packed_as_read{b_packed.data(), depth * nr, nr, tail_cols != 0 ? tail : nullptr};
+      packed_as_read.source = b.data + k0 * b.ld + col0;
+      packed_as_read.source_ld = b.ld;
+      packed_as_read.packing = b_packed.data();
+      return packed_as_read;
     }
     // Each task packs 16 panels: an untransposed B is then read 1 KiB of a row at
     // a time (measured 2-4x faster than one 64-byte panel row per row on Zen 3).

@@ -31,6 +31,13 @@
 //          b_next_l2_offset: when not 0, row k of b_next plus that many
 //          bytes is also prefetched at step k, into L2 only (prefetcht1):
 //          the same stream further ahead (kernel_config_row::paged_l2_lead_bytes).
+// b_copy   when not null (fp32 B, one panel of NR columns; b_next and
+//          b_next_l2_offset then both name rows to prefetch): each row k of
+//          B read is also stored at b_copy + k * NR, so the call that first
+//          reads a panel where it lies (rows b_row_stride apart) also packs
+//          it for the calls after it, its loads among the FMAs instead of in
+//          a copy pass of their own (gemm.cpp). The values are the same
+//          either way, so no result changes.
 // Arithmetic, fixed on each path: acc = 0; for k in order: acc = fma(a, b, acc)
 // (mul then add on sse2); then C = alpha * acc + beta * C. Every element of the
 // tile gets exactly this sequence, whatever its row or column, so a row of C
@@ -73,6 +80,7 @@ struct microkernel_params {
   const void* b_next = nullptr;
   std::size_t b_next_l2_offset = 0;  // with b_next: bytes beyond it also prefetched into L2 (0: not)
   std::size_t b_panel_stride = 0;  // elements between the panels of a wide tile
+  float* b_copy = nullptr;         // fp32 narrow panels: B's rows also stored here, NR apart
 };
 
 using microkernel_function = void (*)(const microkernel_params&);

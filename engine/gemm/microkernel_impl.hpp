@@ -91,7 +91,9 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   // row made S1 over a bf16 cache at block 16 3-5% slower (Xeon, 2
   // alternations), prefetches of lines already on their way waiting for a
   // fill buffer.
-  enum { prefetch_none, prefetch_l1, prefetch_l1_and_l2 };
+  // prefetch_l1_l2_and_copy: as prefetch_l1_and_l2, and B's row stored at b_copy.
+  enum { prefetch_none, prefetch_l1, prefetch_l1_and_l2, prefetch_l1_l2_and_copy };
+  constexpr bool copies = std::is_same_v<Element, float> && Panels == 1 && Columns == NR;
   constexpr std::size_t rows_per_line = Columns * sizeof(Element) >= 64 ? 1 : 64 / (Columns * sizeof(Element));
   // The k loop over A's strides: compile-time constants for a packed A
   // panel (1 along rows, MR along k: no index arithmetic in the loop), the
@@ -100,6 +102,7 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   // every variant.
   const Element* const b_panel = static_cast<const Element*>(params.b_panel);
   const Element* const b_next = static_cast<const Element*>(params.b_next);
+  float* const b_copy = params.b_copy;
   const auto k_loop = [&](auto a_row_stride, auto a_k_stride, auto prefetch) {
     // A's rows in groups of 3 from one pointer each (rows r, r + 1, r + 2 at
     // offsets 0, a_row_stride, 2 a_row_stride: one base and one index register
@@ -120,7 +123,8 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
 #pragma GCC unroll 2
           for (std::size_t line = 0; line < Columns * sizeof(Element); line += 64) {
             __builtin_prefetch(next_row + line);
-            if constexpr (decltype(prefetch)::value == prefetch_l1_and_l2)
+            if constexpr (decltype(prefetch)::value == prefetch_l1_and_l2 ||
+                          decltype(prefetch)::value == prefetch_l1_l2_and_copy)
               __builtin_prefetch(next_row + params.b_next_l2_offset + line, 0, 2);
           }
         }
@@ -128,6 +132,9 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
 #pragma GCC unroll 4
       for (std::size_t panel = 0; panel < Panels; ++panel)
         order::widen_row(b + panel * params.b_panel_stride, b_row + panel * panel_vectors);
+      if constexpr (decltype(prefetch)::value == prefetch_l1_l2_and_copy)
+#pragma GCC unroll 8
+        for (std::size_t v = 0; v < vectors; ++v) b_row[v].store_unaligned(b_copy + k * NR + v * batch::size);
 #pragma GCC unroll 16
       for (std::size_t row = 0; row < rows; ++row) {
         const batch a_value(a_group[row / 3][row % 3 * a_row_stride]);
@@ -144,12 +151,15 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
     else
       k_loop(params.a_row_stride, params.a_k_stride, prefetch);
   };
-  if (b_next == nullptr)
+  if (copies && b_copy != nullptr) {
+    if constexpr (copies) with_a(std::integral_constant<int, prefetch_l1_l2_and_copy>{});
+  } else if (b_next == nullptr) {
     with_a(std::integral_constant<int, prefetch_none>{});
-  else if (params.b_next_l2_offset == 0)
+  } else if (params.b_next_l2_offset == 0) {
     with_a(std::integral_constant<int, prefetch_l1>{});
-  else
+  } else {
     with_a(std::integral_constant<int, prefetch_l1_and_l2>{});
+  }
 
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < rows; ++row)
