@@ -204,10 +204,12 @@ TEST_CASE("gemm determinism: a row of C is bit-identical for any m, thread count
 TEST_CASE("gemm: few rows over a B that is packed (transposed, or rows 256 bytes apart) split by columns per thread: "
           "the bits of the rows of a tall product") {
   // Up to 48 rows, a B that cannot be read in place is packed by column
-  // chunks, one per task, on several threads; a tall A (more than 48 rows)
-  // takes the shared packed block. Both must give every element the same
-  // bits, over two KC blocks (the packed copy of the first block overwritten
-  // by the second's), whatever the number of A panels.
+  // chunks, one per task, on several threads (untransposed, as the first A
+  // panel's calls read it, the later A panels reading the copy); a tall A
+  // (more than 48 rows) takes the shared block packed beforehand. Both must
+  // give every element the same bits, over two KC blocks (the packed copy of
+  // the first block overwritten by the second's), whatever the number of A
+  // panels.
   for (simd_path path : kvhead::supported_simd_paths()) {
     const gemm_config config = gemm_config_for(path);
     const std::size_t tall = 53, k = 2 * config.kc + 3;

@@ -444,8 +444,8 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
   // 8 x 4096 x 1024 1.49 -> 0.96 ms; 8 x 11008 x 4096 from DRAM, one A panel
   // over 43 KiB rows, the one loss seen: 24.8-26.2 -> 26.1-28.3 ms.
   const bool pack_as_read = !in_place && b.trans == transpose::no && shape.m <= in_place_b_max_rows;
-  // Few rows over a B to be packed go in chunks of columns, each packed and
-  // then multiplied: on several threads, each task its own chunk, so no core
+  // Few rows over a B to be packed go in chunks of columns, each packed (as
+  // read, when untransposed) and multiplied: on several threads, each task its own chunk, so no core
   // reads panels another core has just written (shared panels made 32 x 4096
   // x 128 at 2 threads slower than at 1, Zen 5: 310 us against 240; packed
   // ahead of time, 98); and at most a sweep's columns (a quarter of L2 of

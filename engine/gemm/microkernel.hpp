@@ -80,7 +80,7 @@ struct microkernel_params {
   const void* b_next = nullptr;
   std::size_t b_next_l2_offset = 0;  // with b_next: bytes beyond it also prefetched into L2 (0: not)
   std::size_t b_panel_stride = 0;  // elements between the panels of a wide tile
-  float* b_copy = nullptr;         // fp32 narrow panels: B's rows also stored here, NR apart
+  float* b_copy = nullptr;         // fp32, one NR-column panel: B's rows also stored here, NR apart
 };
 
 using microkernel_function = void (*)(const microkernel_params&);
