@@ -471,17 +471,17 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
   scratch_lease b_packed(packed_cols * std::min(shape.k, config.kc));
 
   auto block = [&](std::size_t col0, std::size_t cols, std::size_t k0, std::size_t depth) {
-    if (in_place) {
-      const std::size_t tail_cols = cols % nr;
-      if (tail_cols != 0) pack_b(b, k0, depth, col0 + cols - tail_cols, tail_cols, nr, b_packed.data());
-      return b_block{b.data + k0 * b.ld + col0, nr, b.ld, tail_cols != 0 ? b_packed.data() : nullptr};
-    }
-    if (pack_as_read) {
+    if (in_place || pack_as_read) {
+      // B read where it lies; a last panel narrower than NR packed now (in
+      // place: alone in b_packed; packed as read: where the packed block puts it).
       const std::size_t tail_cols = cols % nr, full_cols = cols - tail_cols;
-      float* const tail = b_packed.data() + full_cols * depth;
+      float* const tail = b_packed.data() + (in_place ? 0 : full_cols * depth);
       if (tail_cols != 0) pack_b(b, k0, depth, col0 + full_cols, tail_cols, nr, tail);
-      b_block packed_as_read{b_packed.data(), depth * nr, nr, tail_cols != 0 ? tail : nullptr};
-      packed_as_read.source = b.data + k0 * b.ld + col0;
+      const float* const tail_panel = tail_cols != 0 ? tail : nullptr;
+      const float* const source = b.data + k0 * b.ld + col0;
+      if (in_place) return b_block{source, nr, b.ld, tail_panel};
+      b_block packed_as_read{b_packed.data(), depth * nr, nr, tail_panel};
+      packed_as_read.source = source;
       packed_as_read.source_ld = b.ld;
       packed_as_read.packing = b_packed.data();
       return packed_as_read;
