@@ -304,7 +304,7 @@ double limit_kernels::attention_int8_flops() {
 }
 
 double limit_kernels::attention_bf16_flops() {
-  return engine::bf16_paged_products_chosen(active_simd_path(), kv_dtype::bf16)
+  return engine::bf16_paged_products_chosen(active_simd_path(), kv_dtype::bf16, kvhead::precision::f32)
              ? bf16_flops(engine::bf16_unit::avx512bf16)
              : fma_flops();
 }

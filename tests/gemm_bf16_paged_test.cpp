@@ -86,16 +86,28 @@ paged_matrix page_b(const stored_matrix& b, std::size_t k, std::size_t n, std::s
   return paged;
 }
 
-// The kernels to run: the emulation everywhere, the hardware where it runs.
+// The kernels to run: each unit's emulation everywhere, its hardware where
+// it runs (the bits of one unit alike; the two units sum in other orders).
 struct kernel_case {
   const bf16_paged_kernels* kernels;
   const char* name;
+  bf16_unit unit;
 };
 std::vector<kernel_case> kernels_to_test() {
-  std::vector<kernel_case> cases{{&emulated_bf16_paged_kernels(), "emulated"}};
-  if (bf16_unit_runs_here(bf16_unit::avx512bf16)) cases.push_back({&avx512bf16_paged_kernels(), "avx512bf16"});
+  std::vector<kernel_case> cases{
+      {&emulated_bf16_paged_kernels(bf16_unit::avx512bf16), "emulated avx512bf16", bf16_unit::avx512bf16},
+      {&emulated_bf16_paged_kernels(bf16_unit::amx), "emulated amx", bf16_unit::amx}};
+  if (bf16_unit_runs_here(bf16_unit::avx512bf16))
+    cases.push_back({&avx512bf16_paged_kernels(), "avx512bf16", bf16_unit::avx512bf16});
+  if (bf16_unit_runs_here(bf16_unit::amx)) cases.push_back({&amx_paged_kernels(), "amx", bf16_unit::amx});
   return cases;
 }
+
+// The first result of each unit, which later kernel sets of the unit match.
+struct unit_results {
+  std::vector<float> of[2];
+  std::vector<float>& operator[](bf16_unit unit) { return of[unit == bf16_unit::amx]; }
+};
 
 // |C - ref| <= (2k + 6) u |alpha| sum|a||b|: the products of bf16 values are
 // exact in fp32, each of the k sums rounds once (2 per pair bound for
@@ -136,7 +148,7 @@ void check_case(const paged_case& test, std::mt19937& generator) {
   const auto reference = ref::gemm(test.m, test.n, test.k, test.alpha, a_rounded.data(), lda, false, b.exact.data(),
                                    test.n, false, 0.0, nullptr, 0);
   const std::size_t ldc = test.n + 2;
-  std::vector<float> first;
+  unit_results first;
   for (const kernel_case& kernels : kernels_to_test()) {
     CAPTURE(kernels.name);
     std::vector<float> c(test.m * ldc, std::numeric_limits<float>::quiet_NaN());
@@ -154,10 +166,10 @@ void check_case(const paged_case& test, std::mt19937& generator) {
       }
     CHECK(failures == 0);
     CHECK(padding_written == 0);
-    if (first.empty())
-      first = c;
+    if (first[kernels.unit].empty())
+      first[kernels.unit] = c;
     else
-      CHECK(std::memcmp(first.data(), c.data(), c.size() * sizeof(float)) == 0);  // hardware = emulation
+      CHECK(std::memcmp(first[kernels.unit].data(), c.data(), c.size() * sizeof(float)) == 0);  // hardware = emulation
     const std::size_t row = test.m / 2;
     std::vector<float> alone(test.n);
     gemm_bf16_paged_with(*kernels.kernels, {1, test.n, test.k}, test.alpha, {a.data() + row * lda, lda, transpose::no},
@@ -168,9 +180,10 @@ void check_case(const paged_case& test, std::mt19937& generator) {
 
 }  // namespace
 
-TEST_CASE("gemm_bf16_paged: against the double reference over awkward shapes and pages, emulated and on avx512bf16") {
-  if (!bf16_unit_runs_here(bf16_unit::avx512bf16))
-    MESSAGE("avx512bf16 paged kernels not run (only their emulation): " << bf16_unit_refusal(bf16_unit::avx512bf16));
+TEST_CASE("gemm_bf16_paged: against the double reference over awkward shapes and pages, emulated and on hardware") {
+  for (const bf16_unit unit : {bf16_unit::avx512bf16, bf16_unit::amx})
+    if (!bf16_unit_runs_here(unit))
+      MESSAGE(to_string(unit) << " paged kernels not run (only their emulation): " << bf16_unit_refusal(unit));
   std::mt19937 generator(20261202);
   const std::size_t rows[] = {1, 2, 3, 4, 11, 12, 13, 25, 120};
   const std::size_t cols[] = {1, 7, 16, 31, 32, 33, 97, 128};

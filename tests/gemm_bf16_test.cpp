@@ -364,8 +364,8 @@ TEST_CASE("the active bf16 unit: the best that runs, with the reason for any bet
   CHECK(bf16_unit_runs_here(unit));
   CHECK(bf16_unit_runs_here(bf16_unit::fp32_fallback));
   if (unit != bf16_unit::amx) CHECK(!bf16_unit_reason().empty());
-  MESSAGE("active bf16 unit: " << std::string(to_string(unit)) << (bf16_unit_reason().empty() ? "" : " because ")
-                                << bf16_unit_reason());
+  MESSAGE("active bf16 unit: " << std::string(to_string(unit))
+                               << std::string(bf16_unit_reason().empty() ? "" : " because ") << bf16_unit_reason());
 }
 
 namespace {

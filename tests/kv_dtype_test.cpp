@@ -413,7 +413,8 @@ TEST_CASE("kv dtype: attention over a bf16, f16 or int8 cache equals a double re
           // Over a bf16 cache the bf16 unit's products (where they run) round
           // q as they read it, and p for p v (kv_cache.hpp): the reference
           // takes the rounded q, the bound adds p's rounding.
-          const bool products = dtype == kv_dtype::bf16 && engine::bf16_paged_products_chosen(path, dtype);
+          const bool products =
+              dtype == kv_dtype::bf16 && engine::bf16_paged_products_chosen(path, dtype, kvhead::precision::f32);
           std::vector<float> rounded_q(problem.q);
           if (products)
             for (float& x : rounded_q) x = float(reference::bf16_nearest(double(x)));
@@ -641,7 +642,8 @@ TEST_CASE("kv dtype: layer output over a bf16, f16 or int8 cache against an f32 
   for (const kv_dtype dtype : compressed) {
     CAPTURE(std::string(kvhead::to_string(dtype)));
     const bool bf16_products =
-        dtype == kv_dtype::bf16 && engine::bf16_paged_products_chosen(kvhead::active_simd_path(), dtype);
+        dtype == kv_dtype::bf16 &&
+        engine::bf16_paged_products_chosen(kvhead::active_simd_path(), dtype, kvhead::precision::f32);
     const bool int8_products =
         dtype == kv_dtype::int8 && engine::gemm_int8_paged_runs(kvhead::active_simd_path(), dtype);
     const bool products = bf16_products || int8_products;

@@ -15,6 +15,7 @@
 #include "engine/arch/bf16_support.hpp"
 #include "engine/arch/cpu_info.hpp"
 #include "engine/arch/kernel_config.hpp"
+#include "engine/gemm/bf16_microkernel.hpp"
 #include "engine/gemm/gemm.hpp"
 #include "engine/gemm/gemm_bf16.hpp"
 #include "engine/gemm/gemm_int8.hpp"
@@ -61,17 +62,26 @@ void print_configuration() {
                 engine::bf16_unit_runs_here(each) ? "runs here" : engine::bf16_unit_refusal(each).c_str());
   std::printf("  %c %-13s runs everywhere (fp32 kernels of the SIMD path on rounded inputs)\n",
               unit == engine::bf16_unit::fp32_fallback ? '*' : ' ', "fp32_fallback");
-  // bf16 attention's q kᵀ and p v (engine/attention/flash_attention.hpp).
+  // bf16 attention's q kᵀ and p v (engine/attention/flash_attention.hpp):
+  // in bf16 precision, and over a bf16 KV cache in f32 precision.
   const kvhead::simd_path path = kvhead::active_simd_path();
-  if (engine::bf16_paged_products_chosen(path, kvhead::kv_dtype::f32))
-    std::printf(
-        "bf16 attention (q k^T, p v; bf16 precision, and bf16 KV caches in either precision): avx512bf16 paged "
-        "kernels (vdpbf16ps over K/V as stored: f32, bf16, f16; int8 caches: the line below)\n");
-  else
-    std::printf("bf16 attention (q k^T, p v): fp32 kernels of %s on the rounded values (%s)\n", kvhead::to_string(path),
-                unit == engine::bf16_unit::fp32_fallback                    ? "no bf16 unit"
-                : engine::gemm_bf16_paged_runs(path, kvhead::kv_dtype::f32) ? "the kernel configuration's choice"
-                                                                            : "the path's NR is not 32");
+  auto attention_products = [&](kvhead::precision precision) -> std::string {
+    if (engine::bf16_paged_products_chosen(path, kvhead::kv_dtype::bf16, precision))
+      return unit == engine::bf16_unit::amx
+                 ? "amx paged kernels (tdpbf16ps tiles for products of more than " +
+                       std::to_string(engine::amx_fma_mr) +
+                       " query rows, their order on fp32 FMAs for fewer: a decode step; K/V as stored: f32, bf16, f16)"
+                 : "avx512bf16 paged kernels (vdpbf16ps over K/V as stored: f32, bf16, f16)";
+    return std::string("fp32 kernels of ") + kvhead::to_string(path) + " on the rounded values (" +
+           (unit == engine::bf16_unit::fp32_fallback                    ? "no bf16 unit"
+            : engine::gemm_bf16_paged_runs(path, kvhead::kv_dtype::f32) ? "the kernel configuration's choice"
+                                                                        : "the path's NR is not 32") +
+           ")";
+  };
+  std::printf("bf16 attention (q k^T, p v) in bf16 precision: %s\n",
+              attention_products(kvhead::precision::bf16).c_str());
+  std::printf("attention over a bf16 KV cache in f32 precision: %s; int8 caches: the line below\n",
+              attention_products(kvhead::precision::f32).c_str());
   // Attention over int8 KV caches (engine/gemm/gemm_int8.hpp).
   if (engine::gemm_int8_paged_runs(path, kvhead::kv_dtype::int8))
     std::printf(

@@ -11,9 +11,10 @@
 // one SIMD path every configuration — and so every CPU — gives the same bits.
 // The paged prefetch distance is a hint to the memory system only. One field
 // does order sums: bf16_paged_products picks the kernels of attention's bf16
-// products (vdpbf16ps, summing in pairs of terms, or the fp32 FMAs), so rows
-// that differ in it give different last bits there, as two bf16 units do;
-// KVHEAD_CONFIG names the row that reproduces another machine's results.
+// products on the avx512bf16 unit (vdpbf16ps, summing in pairs of terms, or
+// the fp32 FMAs; on the amx unit, bf16 precision always takes its tiles), so
+// rows that differ in it give different last bits there, as two bf16 units
+// do; KVHEAD_CONFIG names the row that reproduces another machine's results.
 //
 // Choice. The first row of the active path whose CPU class matches this CPU;
 // the environment variable KVHEAD_CONFIG=<name> forces a row by name (its path
@@ -76,7 +77,8 @@ struct kernel_config_row {
   // Attention's products in bf16 precision and over bf16 K/V run on the bf16
   // paged kernels (vdpbf16ps) where the CPU has them; false: on this row's
   // fp32 FMAs over the same rounded values, where vdpbf16ps runs at a
-  // fraction of their rate (bf16_paged_products_chosen, gemm_bf16.hpp).
+  // fraction of their rate. On the amx unit, bf16 precision runs on its
+  // paged kernels either way (bf16_paged_products_chosen, gemm_bf16.hpp).
   bool bf16_paged_products;
   const char* why;  // the tile, the share, the rows, the prefetch and A in place, measured where stated
 };
@@ -112,8 +114,9 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "Intel Xeon with AMX (measured on one that reports model 0xa7 under KVM, 2026-12-04): the tile, blocks "
      "and attention tiles of avx512-2x512 (below); attention tiles of 240 rows within the noise of 120. "
      "vdpbf16ps runs at half the FMA rate here (limit_avx512bf16 120 GFLOP/s against limit_fma_peak 242), "
-     "so attention's bf16 products run on the fp32 FMAs over the same rounded values: S1 over a bf16 "
-     "cache 2.18 -> 1.67 ms, S4 over one 1.76 -> 1.06 ms, S2 in bf16 precision 114 -> 72 ms. Paged "
+     "so attention's products over a bf16 cache in f32 precision run on the fp32 FMAs over the same "
+     "values: S1 over a bf16 cache 2.18 -> 1.67 ms, S4 over one 1.76 -> 1.06 ms (in bf16 precision the "
+     "amx unit's paged kernels run instead, 2026-12-05: S2 in bf16 precision 67-78 -> 30-32 ms). Paged "
      "prefetch (2 alternations each, S1 and S5 from DRAM): the fp32 GEMM's paged rows 3 KiB ahead, S1 "
      "f32 3.29-3.34 -> 2.39-2.43 ms, bf16 1.66 -> 1.35, f16 1.72 -> 1.34, S5 f32 28.2 -> 20.5-20.9 ms (1, "
      "1.5, 2, 4 and 8 KiB: no better for all three); the int8 kernels' 2 KiB ahead, S1 1.15-1.17 -> "

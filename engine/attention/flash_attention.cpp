@@ -30,8 +30,9 @@ std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + d
 //   bf16  the bf16 unit's products (gemm_bf16_paged: q and p rounded to bf16
 //         as the kernel reads them, fp32 sums), in bf16 precision and over a
 //         bf16 KV cache in either precision (its K and V are bf16 already),
-//         where the paged kernels run and the kernel configuration chooses
-//         them;
+//         where the paged kernels run and are chosen (amx: in bf16
+//         precision; else the kernel configuration's choice,
+//         bf16_paged_products_chosen);
 //   int8  the int8 paged kernels (gemm_int8_paged: q quantized to int8 per
 //         row, p to int16, exact integer sums), over an int8 KV cache where
 //         they run;
@@ -41,7 +42,8 @@ std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + d
 enum class product_kind { fp32, bf16, int8 };
 product_kind attention_products(kvhead::precision precision, simd_path path, kv_dtype element, std::size_t head_dim) {
   if (head_dim > gemm_kc) return product_kind::fp32;
-  if ((precision == kvhead::precision::bf16 || element == kv_dtype::bf16) && bf16_paged_products_chosen(path, element))
+  if ((precision == kvhead::precision::bf16 || element == kv_dtype::bf16) &&
+      bf16_paged_products_chosen(path, element, precision))
     return product_kind::bf16;
   if (element == kv_dtype::int8 && gemm_int8_paged_runs(path, element)) return product_kind::int8;
   return product_kind::fp32;
@@ -236,13 +238,17 @@ void gather_queries(const attention_tile& tile, float* q_rows) {
 // A copy of one packed V page (values.k rows x head_dim) whose first `rows`
 // rows are zeros (+0 in every element type), leased from `copy`: a P·V that
 // starts inside the page then meets p = 0 with v = 0 before its keys, whatever
-// V holds there.
+// V holds there. With rows = values.k, a page of zeros (the page is not read).
 const void* page_with_leading_zeros(const packed_b_view& values, std::size_t rows, std::optional<scratch_lease>& copy) {
   const gemm_config& config = gemm_config_for(values.path);
   const std::size_t bytes = element_bytes(values.element);
   const std::size_t elements = packed_b_floats(config, values.k, values.n);
   copy.emplace(ceil_div(elements * bytes, sizeof(float)));
   auto* const target = reinterpret_cast<std::byte*>(copy->data());
+  if (rows >= values.k) {
+    std::memset(target, 0, elements * bytes);
+    return target;
+  }
   std::memcpy(target, values.panels, elements * bytes);
   for (std::size_t col = 0; col < values.n; col += config.nr)
     std::memset(target + pack_b_offset(config, values.k, values.n, 0, col) * bytes, 0, rows * config.nr * bytes);
@@ -382,7 +388,15 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   const packed_b_view& first_values = views[first_segment].values;
   auto multiply_pv = [&](std::size_t first_position, std::size_t end_position, key_span keys) {
     const std::size_t row0 = first_position * group, start = in_place ? keys.begin : keys.begin / segment_keys;
-    const std::size_t from = in_place ? keys.begin : start * segment_keys;  // p[from, keys.begin) is 0
+    // The bf16 kernels sum k in groups from the product's first key
+    // (gemm_bf16_paged_k_group: pairs, or 32 keys on amx tiles), so the
+    // product starts at a multiple of the group from the chunk's first key
+    // whatever row's range it serves: then a row's bits are the same in any
+    // tile. Keys before the segment `start` are then zero pages (16-key
+    // blocks under 32-key groups), never read from the cache.
+    const std::size_t lead_pages =
+        in_place || kind != product_kind::bf16 ? 0 : start * segment_keys % gemm_bf16_paged_k_group() / segment_keys;
+    const std::size_t from = in_place ? keys.begin : (start - lead_pages) * segment_keys;  // p[from, keys.begin) is 0
     for (std::size_t row = row0; row < end_position * group; ++row)
       std::fill(scores + row * kv_chunk + from, scores + row * kv_chunk + keys.begin, 0.0f);
     const gemm_shape shape{(end_position - first_position) * group, head_dim, keys.end - from};
@@ -394,14 +408,16 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
            head_dim, tile.path);
       return;
     }
-    std::optional<scratch_lease> copy;
+    std::optional<scratch_lease> zeros, copy;
     const void* pages[max_segments_per_chunk];
-    std::copy(value_pages + start, value_pages + segments, pages);
-    if (from < keys.begin && !views[start].values_finite && !all_finite(views[start].values, keys.begin - from))
-      pages[0] = page_with_leading_zeros(views[start].values, keys.begin - from, copy);
+    if (lead_pages > 0)
+      std::fill(pages, pages + lead_pages, page_with_leading_zeros(views[start].values, first_values.k, zeros));
+    std::copy(value_pages + start, value_pages + segments, pages + lead_pages);
+    const std::size_t hidden = keys.begin - start * segment_keys;  // rows of page `start` before the range
+    if (hidden > 0 && !views[start].values_finite && !all_finite(views[start].values, hidden))
+      pages[lead_pages] = page_with_leading_zeros(views[start].values, hidden, copy);
     const paged_b_view values{
         pages, first_values.k, true, keys.end - from, head_dim, first_values.path, first_values.element};
-    // bf16: from is a segment's first key, so pairs of keys start at even positions of the chunk.
     paged_product(kind, attention_product::values, shape, 1.0f, probabilities, values, target, head_dim);
   };
   auto values_finite = [&] {

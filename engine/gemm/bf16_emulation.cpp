@@ -86,25 +86,78 @@ void emulated_avx512bf16(const bf16_microkernel_params& params) {
   }
 }
 
+// One row of the amx tiles' sums: A's tile row (2 * pairs k) times a packed
+// [pairs][32][2] panel, a tdpbf16ps per 16 pairs.
+void amx_row_sums(const bf16_bits* a_row, const bf16_bits* b_panel, std::size_t pairs, float (&acc)[32]) {
+  bf16_bits column[32];  // one column of B for one tile step, k in order
+  for (std::size_t step = 0; step < pairs; step += 16)
+    for (std::size_t lane = 0; lane < 32; ++lane) {
+      for (std::size_t q = 0; q < 16; ++q)
+        for (std::size_t e = 0; e < 2; ++e) column[q * 2 + e] = b_panel[((step + q) * 32 + lane) * 2 + e];
+      acc[lane] = emulate_tdpbf16ps(acc[lane], a_row + step * 2, column, 16);
+    }
+}
+
 template <std::size_t Rows>
 void emulated_amx(const bf16_microkernel_params& params) {
   for (std::size_t row = 0; row < Rows; ++row) {
-    const bf16_bits* a_row = params.a_panel + row * 2 * params.pairs;
     float acc[32] = {};
-    bf16_bits column[32];  // one column of B for one tile step, k in order
-    for (std::size_t step = 0; step < params.pairs; step += 16)
-      for (std::size_t lane = 0; lane < 32; ++lane) {
-        for (std::size_t q = 0; q < 16; ++q)
-          for (std::size_t e = 0; e < 2; ++e) column[q * 2 + e] = params.b_panels[((step + q) * 32 + lane) * 2 + e];
-        acc[lane] = emulate_tdpbf16ps(acc[lane], a_row + step * 2, column, 16);
-      }
+    amx_row_sums(params.a_panel + row * 2 * params.pairs, params.b_panels, params.pairs, acc);
     store(params, row, acc, 32);
   }
 }
 
+// A B panel as the amx unit stages it (bf16_staged_params): [pairs][32][2],
+// its first `cols` columns and `depth` rows loaded, zero elsewhere.
+template <class Element>
+void emulated_stage(const void* const* pages, std::size_t page_rows, std::size_t depth, std::size_t row_stride,
+                    std::size_t cols, std::size_t pairs, bf16_bits* staged) {
+  for (std::size_t k = 0; k < 2 * pairs; ++k)
+    for (std::size_t col = 0; col < 32; ++col) {
+      bf16_bits value{0};
+      if (k < depth && col < cols) {
+        const auto* page = static_cast<const Element*>(pages[k / page_rows]);
+        value = loaded(page[k % page_rows * row_stride + col]);
+      }
+      staged[(k / 2 * 32 + col) * 2 + k % 2] = value;
+    }
+}
+
+// C = alpha * the amx sums of `rows` rows of A (tile rows) over a staged
+// panel, flushed to zero when subnormal.
+void emulated_tile_rows(const bf16_bits* a, std::size_t rows, const bf16_bits* staged, std::size_t pairs,
+                        std::size_t cols, float alpha, float* c, std::size_t ldc) {
+  for (std::size_t row = 0; row < rows; ++row) {
+    float acc[32] = {};
+    amx_row_sums(a + row * 2 * pairs, staged, pairs, acc);
+    for (std::size_t col = 0; col < cols; ++col) c[row * ldc + col] = flushed(alpha * acc[col]);
+  }
+}
+
+// The amx unit's staged paged kernel: with `stage`, the whole panel staged
+// first (its groups' values do not depend on when), then the tiles.
+template <class Element, std::size_t Rows>
+void emulated_staged(const bf16_staged_params& params) {
+  if (params.stage)
+    emulated_stage<Element>(params.b_pages, params.page_rows, params.depth, params.b_row_stride, params.cols,
+                            params.pairs, params.staged);
+  emulated_tile_rows(params.a, Rows, params.staged, params.pairs, params.cols, params.alpha, params.c, params.ldc);
+}
+
+// The amx unit's FMA form: the tiles' sums (bf16_paged_params, a_row_stride
+// = 2 * pairs).
+template <class Element, std::size_t Rows>
+void emulated_fma(const bf16_paged_params& params) {
+  const std::size_t pairs = params.a_row_stride / 2;
+  bf16_bits staged[gemm_kc * 32];
+  emulated_stage<Element>(params.b_pages, params.page_rows, params.depth, params.b_row_stride, params.cols, pairs,
+                          staged);
+  emulated_tile_rows(params.a, Rows, staged, pairs, params.cols, params.alpha, params.c, params.ldc);
+}
+
 template <template <std::size_t> class Kernel, std::size_t... Index>
 constexpr auto table(std::index_sequence<Index...>) {
-  return std::array<bf16_microkernel_function, sizeof...(Index)>{&Kernel<Index + 1>::run...};
+  return std::array{&Kernel<Index + 1>::run...};
 }
 template <std::size_t Panels>
 struct avx512bf16_kernel {
@@ -116,6 +169,20 @@ struct avx512bf16_kernel {
 template <std::size_t Rows>
 struct amx_kernel {
   static void run(const bf16_microkernel_params& params) { emulated_amx<Rows>(params); }
+};
+template <class Element>
+struct fma_kernel {
+  template <std::size_t Rows>
+  struct rows {
+    static void run(const bf16_paged_params& params) { emulated_fma<Element, Rows>(params); }
+  };
+};
+template <class Element>
+struct staged_kernel {
+  template <std::size_t Rows>
+  struct rows {
+    static void run(const bf16_staged_params& params) { emulated_staged<Element, Rows>(params); }
+  };
 };
 
 }  // namespace
@@ -148,13 +215,24 @@ const bf16_kernels& emulated_bf16_kernels(bf16_unit unit) {
   return unit == bf16_unit::amx ? amx : avx512bf16;
 }
 
-const bf16_paged_kernels& emulated_bf16_paged_kernels() {
+const bf16_paged_kernels& emulated_bf16_paged_kernels(bf16_unit unit) {
   static constexpr auto f32 = paged_table<float>(std::make_index_sequence<avx512bf16_mr>{});
   static constexpr auto bf16 = paged_table<bf16_bits>(std::make_index_sequence<avx512bf16_mr>{});
   static constexpr auto f16 = paged_table<f16_bits>(std::make_index_sequence<avx512bf16_mr>{});
-  static const bf16_paged_kernels table{
+  static const bf16_paged_kernels avx512bf16{
       avx512bf16_mr, {f32.data(), bf16.data(), f16.data(), nullptr}, emulated_convert_rows};
-  return table;
+  static constexpr auto staged_f32 = table<staged_kernel<float>::rows>(std::make_index_sequence<amx_mr>{});
+  static constexpr auto staged_bf16 = table<staged_kernel<bf16_bits>::rows>(std::make_index_sequence<amx_mr>{});
+  static constexpr auto staged_f16 = table<staged_kernel<f16_bits>::rows>(std::make_index_sequence<amx_mr>{});
+  static constexpr auto fma_f32 = table<fma_kernel<float>::rows>(std::make_index_sequence<amx_fma_mr>{});
+  static constexpr auto fma_bf16 = table<fma_kernel<bf16_bits>::rows>(std::make_index_sequence<amx_fma_mr>{});
+  static constexpr auto fma_f16 = table<fma_kernel<f16_bits>::rows>(std::make_index_sequence<amx_fma_mr>{});
+  static const bf16_paged_kernels amx{amx_fma_mr,
+                                      {fma_f32.data(), fma_bf16.data(), fma_f16.data(), nullptr},
+                                      emulated_convert_rows,
+                                      {staged_f32.data(), staged_bf16.data(), staged_f16.data(), nullptr},
+                                      16};
+  return unit == bf16_unit::amx ? amx : avx512bf16;
 }
 
 }  // namespace kvhead::engine

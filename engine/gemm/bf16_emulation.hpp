@@ -27,7 +27,8 @@ float emulate_tdpbf16ps(float acc, const bf16_bits* a, const bf16_bits* b, std::
 /// blocking (mr, pair multiple, skinny shapes), layouts and order exactly.
 const bf16_kernels& emulated_bf16_kernels(bf16_unit unit);
 
-/// The avx512bf16 unit's paged kernels (bf16_paged_params) in scalar code.
-const bf16_paged_kernels& emulated_bf16_paged_kernels();
+/// The paged kernels of `unit` (avx512bf16: bf16_paged_params; amx: the
+/// staging and staged kernels) in scalar code.
+const bf16_paged_kernels& emulated_bf16_paged_kernels(bf16_unit unit = bf16_unit::avx512bf16);
 
 }  // namespace kvhead::engine

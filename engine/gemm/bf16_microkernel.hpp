@@ -149,18 +149,82 @@ struct bf16_paged_params {
 
 using bf16_paged_function = void (*)(const bf16_paged_params&);
 
-/// The paged kernels of a unit: by_element[e][rows - 1] for rows 1..mr and
-/// B stored as kv_dtype e (null for int8, which none takes), and the
-/// conversion of A's fp32 rows to bf16 rows (as bf16_kernels').
+// The staged paged kernels of the amx unit, whose tiles load only from
+// memory, in their own layout:
+//
+//   C[0:rows, 0:cols] := alpha * acc         acc as in amx above; the
+//                                            product flushed to zero when
+//                                            subnormal (begin_product's FTZ)
+//
+// A        bf16 tile rows: row r, k at a[r * 2 * pairs + k], zero past the
+//          depth; rows up to a whole tile of 16 are read (zero or not:
+//          their sums are not stored).
+// B        one 32-column panel as bf16_paged_params says (pages, rounding,
+//          its first `cols` columns, `depth` rows), in the packed layout
+//          [pairs][32][2] of gemm_bf16 at `staged` (16 KiB at KC: in L1),
+//          zero past them up to 32 columns and 2 * pairs rows. With `stage`,
+//          each group of 16 pairs is converted there from the pages just
+//          before its tiles load it; without, the call reads the panel an
+//          earlier call staged (the first of the panel's row blocks stages
+//          it for the others).
+// pairs    a multiple of 16 (one tdpbf16ps's k): groups of 32 k from the
+//          first row, so a product's bits follow its depth's alignment.
+struct bf16_staged_params {
+  const bf16_bits* a;
+  bf16_bits* staged;
+  std::size_t pairs, cols;
+  float alpha;
+  float* c;
+  std::size_t ldc;
+  bool stage;
+  const void* const* b_pages;
+  std::size_t page_rows, depth, b_row_stride;
+  stream_prefetch prefetch{};
+};
+using bf16_staged_function = void (*)(const bf16_staged_params&);
+
+// The amx unit's sums on fp32 FMAs (bf16_paged_params, no carry), for
+// products of at most amx_fma_mr rows (a decode step's query rows per kv
+// head; more run on the tiles): each tile instruction's order exactly (amx
+// above: per group of 16 pairs an even and an odd chain of fused
+// multiply-adds from zero, then acc + (even + odd)), under begin_product's
+// MXCSR (DAZ and FTZ set, as the tiles flush), so a row's bits are those of
+// the tiles whatever the product's row count; C as the staged kernels'. A
+// (a_row_stride = 2 * pairs) and the depth as for the staged kernels: zero
+// up to whole groups.
+// Why: a tile instruction costs the same for 1 row as for 16 (about 20
+// cycles here), and the tiles' sums per panel did not overlap the stream of
+// K and V from memory, however the staging was placed. Xeon, decode over a
+// bf16 cache from DRAM (S1's geometry, 4 query rows per kv head): 1.60-1.82
+// ms on tiles, 1.41-1.48 on this form, 1.29-1.30 on the fp32 kernels (which
+// also keep q unrounded: a bf16 cache in f32 precision stays on those,
+// bf16_paged_products_chosen); in bf16 precision, 1.72 ms on tiles and 1.48
+// on this form at 4 rows per kv head, 0.89 against 1.04 at 8 (two calls of
+// this form), 0.48 against 0.92 at 16.
+inline constexpr std::size_t amx_fma_mr = 4;
+
+/// The paged kernels of a unit, for B stored as kv_dtype e (null for int8,
+/// which none takes): by_element[e][rows - 1] for rows 1..mr (avx512bf16's;
+/// amx's FMA form, for products of at most mr rows), and amx's
+/// staged[e][rows - 1] for rows 1..amx_mr (products of more than mr rows);
+/// amx's depths padded to a multiple of 2 * pair_multiple, begin_product /
+/// end_product run around a product on its thread (MXCSR, the tile
+/// configuration); and the conversion of A's fp32 rows to bf16 rows (as
+/// bf16_kernels').
 struct bf16_paged_kernels {
   std::size_t mr;
   const bf16_paged_function* by_element[stored_dtype_count];
   bf16_convert_rows_function convert_rows;
+  const bf16_staged_function* staged[stored_dtype_count] = {};
+  std::size_t pair_multiple = 1;
+  unsigned int (*begin_product)(std::size_t rows) = nullptr;  // rows: the product's m; returns end_product's state
+  void (*end_product)(std::size_t rows, unsigned int state) = nullptr;
 };
 
-/// The hardware paged kernels (kernels_avx512bf16.cpp; their scalar
-/// emulation is in bf16_emulation.hpp).
+/// The hardware paged kernels (kernels_avx512bf16.cpp, kernels_amx.cpp;
+/// their scalar emulation is in bf16_emulation.hpp).
 const bf16_paged_kernels& avx512bf16_paged_kernels();
+const bf16_paged_kernels& amx_paged_kernels();
 
 /// gemm_bf16_paged (gemm_bf16.hpp) through the given kernels, on any CPU
 /// for the emulation; the checks of gemm_bf16_paged except where it runs.

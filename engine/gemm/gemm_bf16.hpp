@@ -130,8 +130,9 @@ void gemm_bf16(gemm_shape shape, gemm_operand a, const packed_bf16_b& b, float b
 /// NR is 32, its pages at most KC deep, each page along k an even number of
 /// rows. Rounding to nearest even, subnormal fp32 read as zero: values that
 /// are bf16 already (attention's rounded q, k, v and p) are exact. Sum: the
-/// avx512bf16 unit's (bf16_microkernel.hpp), in pairs of k from k = 0, on
-/// across the pages of a B paged along k. On one machine C(i, j) depends
+/// active unit's (bf16_microkernel.hpp): avx512bf16's in pairs of k from
+/// k = 0, amx's in tiles of 32 k from k = 0 (each B panel staged in L1 in
+/// the tiles' layout first), on across the pages of a B paged along k. On one machine C(i, j) depends
 /// only on row i of A and column j of B: bit-identical however the rows,
 /// columns and pages are cut. Runs on the calling thread. Throws
 /// std::invalid_argument naming the problem for bad arguments or when
@@ -144,10 +145,20 @@ void gemm_bf16_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_
 /// path's NR is 32, and element is f32, bf16 or f16.
 bool gemm_bf16_paged_runs(simd_path path, kv_dtype element);
 
-/// Whether attention's products in bf16 precision and over bf16 K/V take
-/// gemm_bf16_paged: it runs here and the path's kernel configuration says
-/// so (kernel_config_row::bf16_paged_products), else they take the fp32
-/// kernels over the same rounded values.
-bool bf16_paged_products_chosen(simd_path path, kv_dtype element);
+/// Whether attention's products in `precision` over K/V stored as `element`
+/// (bf16 precision, or a bf16 cache in either) take gemm_bf16_paged: it
+/// runs here, and the unit is amx in bf16 precision or the path's kernel
+/// configuration says so (kernel_config_row::bf16_paged_products); else
+/// they take the fp32 kernels over the same rounded values. (amx's form for
+/// a decode step's few rows streams a bf16 cache 8-11% slower than the fp32
+/// kernels, which also keep q unrounded: Xeon, S1 and S5 over a bf16 cache
+/// in f32 precision, 2 alternations; so only bf16 precision takes it.)
+bool bf16_paged_products_chosen(simd_path path, kv_dtype element, kvhead::precision precision);
+
+/// How many k gemm_bf16_paged sums as one group here, from B's first row
+/// on (2 on vdpbf16ps: pairs; 32 on amx tiles: a tdpbf16ps): two products
+/// that read the same values give the same bits when their first rows are
+/// a multiple of it apart (zeros before, in A or B, add nothing).
+std::size_t gemm_bf16_paged_k_group();
 
 }  // namespace kvhead::engine

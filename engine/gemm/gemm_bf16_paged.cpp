@@ -3,13 +3,16 @@
 //
 //   A's rows to bf16 rows (once per call) -> for each 32-column panel of B
 //   (per column page) -> for each MR-row block of A -> kernel over the
-//   panel's rows in all pages (a single row block over row pages: the
-//   pages outermost, one call per page and panel)
+//   panel's rows in all pages (avx512bf16, a single row block over row
+//   pages: the pages outermost, one call per page and panel)
 //
 // One B panel (at most KC rows of 32 fp32: 32 KiB) is read by every row
-// block in turn while it is in L1/L2; A's bf16 rows stay in L2.
+// block in turn while it is in L1/L2; A's bf16 rows stay in L2. amx: more
+// than mr rows run on tiles, in blocks of amx_mr rows, the first block
+// staging the panel in L1 for the others; at most mr rows run its FMA form.
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <string>
 
 #include "engine/arch/kernel_config.hpp"
@@ -28,25 +31,72 @@ bool gemm_bf16_paged_runs(simd_path path, kv_dtype element) {
          gemm_config_for(path).nr == bf16_nr && element != kv_dtype::int8;
 }
 
-bool bf16_paged_products_chosen(simd_path path, kv_dtype element) {
-  return gemm_bf16_paged_runs(path, element) && kernel_config_for(path).row->bf16_paged_products;
+bool bf16_paged_products_chosen(simd_path path, kv_dtype element, kvhead::precision precision) {
+  if (!gemm_bf16_paged_runs(path, element)) return false;
+  if (active_bf16_unit() == bf16_unit::amx && precision == kvhead::precision::bf16) return true;
+  return kernel_config_for(path).row->bf16_paged_products;
 }
+
+namespace {
+
+const bf16_paged_kernels& active_bf16_paged_kernels() {
+  return active_bf16_unit() == bf16_unit::amx ? amx_paged_kernels() : avx512bf16_paged_kernels();
+}
+
+}  // namespace
+
+std::size_t gemm_bf16_paged_k_group() { return 2 * active_bf16_paged_kernels().pair_multiple; }
 
 void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, float alpha, gemm_operand a,
                           const paged_b_view& b, float* c, std::size_t ldc) {
-  const std::size_t m = shape.m, n = shape.n, k = shape.k;
-  check_paged_product("gemm_bf16_paged", shape, a, b, c, ldc, 2,
-                      kernels.by_element[static_cast<std::size_t>(b.element)] != nullptr, "f32, bf16 or f16");
+  const std::size_t m = shape.m, n = shape.n, k = shape.k, element = static_cast<std::size_t>(b.element);
+  check_paged_product("gemm_bf16_paged", shape, a, b, c, ldc, 2, kernels.by_element[element] != nullptr,
+                      "f32, bf16 or f16");
+  // amx: products of many rows on the tiles, of few on their FMA form.
+  const bf16_staged_function* const staged = m > kernels.mr ? kernels.staged[element] : nullptr;
   if (m == 0 || n == 0) return;
-  const std::size_t a_ld = round_up(std::max<std::size_t>(k, 1), 2);
-  scratch_lease a_storage(ceil_div(m * a_ld, 2));
+  // A's bf16 rows, zero past the depth up to a whole group of the unit's k;
+  // the staged kernels' tiles read whole tiles of rows: zero rows up to a
+  // whole block of amx_mr.
+  const std::size_t a_ld = round_up(std::max<std::size_t>(k, 1), 2 * kernels.pair_multiple);
+  const std::size_t a_rows_held = staged != nullptr ? round_up(m, amx_mr) : m;
+  scratch_lease a_storage(ceil_div(a_rows_held * a_ld, 2));
   auto* const a_rows = reinterpret_cast<bf16_bits*>(a_storage.data());
   kernels.convert_rows(a.data, a.ld, m, k, a_rows, a_ld);
-  const bf16_paged_function* const by_rows = kernels.by_element[static_cast<std::size_t>(b.element)];
+  const std::size_t converted = k + k % 2;  // convert_rows zeroes up to a whole pair
+  for (std::size_t row = 0; row < a_rows_held && a_ld > converted; ++row) {
+    const std::size_t from = row < m ? converted : 0;
+    std::memset(static_cast<void*>(a_rows + row * a_ld + from), 0, (a_ld - from) * sizeof(bf16_bits));
+  }
+  const bf16_paged_function* const by_rows = kernels.by_element[element];
   const std::size_t mr = kernels.mr;
   const kernel_config_row& row = *kernel_config_for(b.path).row;
   const stream_prefetch prefetch = paged_stream_prefetch(row, row.paged_prefetch_bytes, m <= mr, b.element);
-  if (b.along_k && k > b.page && m <= mr) {
+  // amx: MXCSR and the tiles set for the product (bf16_paged_kernels).
+  struct product_scope {
+    const bf16_paged_kernels& kernels;
+    std::size_t rows;
+    unsigned int state = kernels.begin_product != nullptr ? kernels.begin_product(rows) : 0;
+    ~product_scope() {
+      if (kernels.end_product != nullptr) kernels.end_product(rows, state);
+    }
+  } scope{kernels, m};
+  if (staged != nullptr) {
+    // Each panel staged (in L1) by its first row block's call as it goes,
+    // read from there by the other row blocks' calls.
+    const std::size_t pairs = a_ld / 2;
+    scratch_lease staging(pairs * bf16_nr);  // [pairs][32][2] bf16
+    auto* const panel = reinterpret_cast<bf16_bits*>(staging.data());
+    for_each_paged_panel(
+        b, k, n, [&](const void* const* rows_of_panel, std::size_t page_rows, std::size_t col, std::size_t cols) {
+          for (std::size_t row0 = 0; row0 < m; row0 += amx_mr)
+            staged[std::min(amx_mr, m - row0) - 1]({a_rows + row0 * a_ld, panel, pairs, cols, alpha,
+                                                    c + row0 * ldc + col, ldc, row0 == 0, rows_of_panel, page_rows, k,
+                                                    paged_row_stride(b), prefetch});
+        });
+    return;
+  }
+  if (b.along_k && k > b.page && m <= mr && kernels.pair_multiple == 1) {  // (amx's FMA form carries no sums)
     // One row block over several row pages (a decode step's p v over a
     // cache's blocks): the pages outermost, each page's panels (contiguous
     // in it) read as one stream before the next page; each tile's sums run
@@ -83,7 +133,7 @@ void gemm_bf16_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_
            " and the path's NR " + std::to_string(gemm_config_for(b.path).nr) +
            ": the paged kernels need avx512bf16 (or amx), NR 32 and f32, bf16 or f16 B";
   });
-  gemm_bf16_paged_with(avx512bf16_paged_kernels(), shape, alpha, a, b, c, ldc);
+  gemm_bf16_paged_with(active_bf16_paged_kernels(), shape, alpha, a, b, c, ldc);
 }
 
 }  // namespace kvhead::engine

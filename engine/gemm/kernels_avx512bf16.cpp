@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "engine/gemm/bf16_microkernel.hpp"
+#include "engine/gemm/bf16_pair_loads.hpp"
 #include "engine/gemm/panel_row_loads.hpp"
 
 namespace kvhead::engine {
@@ -90,64 +91,8 @@ constexpr auto skinny = kernel_table<bf16_skinny_panels>(std::make_index_sequenc
 // half the vdpbf16ps of a 32-column tile (S1 decode, bf16 cache at block 16,
 // Zen 4, 3 alternations: 1.92-2.09 ms -> 1.79-1.93).
 
-// vpermw indices: lane 2j takes element `first + j`, lane 2j + 1 element
-// `second + j`.
-struct interleave_index {
-  alignas(64) std::uint16_t lane[32];
-};
-constexpr interleave_index interleave(std::uint16_t first, std::uint16_t second) {
-  interleave_index index{};
-  for (std::uint16_t j = 0; j < 16; ++j) {
-    index.lane[2 * j] = std::uint16_t(first + j);
-    index.lane[2 * j + 1] = std::uint16_t(second + j);
-  }
-  return index;
-}
-constexpr interleave_index halves = interleave(0, 16);
-
+using pair_loads::load_pairs;
 using panel_rows::first_lanes;
-
-// The columns of `mask` (of 16) of one B row, the rest zero (Whole: all 16,
-// panel_row_loads.hpp): as 16 bf16 (the two even and odd rows of a pair,
-// [even | odd], rounded to nearest even from f32 and f16).
-template <bool Whole>
-__m512 load_16(const float* row, __mmask16 mask) {
-  return panel_rows::load_floats<Whole>(row, mask);
-}
-template <bool Whole>
-__m512 load_16(const f16_bits* row, __mmask16 mask) {
-  return _mm512_cvtph_ps(panel_rows::load_words<Whole>(row, mask));
-}
-template <class Element, bool Whole>
-__m512i even_odd_16(const Element* even, const Element* odd, __mmask16 mask) {
-  if constexpr (std::is_same_v<Element, bf16_bits>) {
-    const __m256i odd_row = odd != nullptr ? panel_rows::load_words<Whole>(odd, mask) : _mm256_setzero_si256();
-    return _mm512_inserti64x4(_mm512_castsi256_si512(panel_rows::load_words<Whole>(even, mask)), odd_row, 1);
-  } else {
-    const __m512 odd_row = odd != nullptr ? load_16<Whole>(odd, mask) : _mm512_setzero_ps();
-    return (__m512i)_mm512_cvtne2ps_pbh(odd_row, load_16<Whole>(even, mask));
-  }
-}
-
-// Rows `even` and `odd` (null: a zero row) of a B panel as the pairs of
-// columns 0-15 and, with Vectors 2, 16-31 (Whole: all 16 * Vectors columns
-// present, plain loads).
-template <class Element, std::size_t Vectors, bool Whole>
-void load_pairs(const Element* even, const Element* odd, __mmask16 low, __mmask16 high, __m512i pairs[Vectors]) {
-  if constexpr (std::is_same_v<Element, bf16_bits> && Vectors == 2) {
-    const __mmask32 mask = __mmask32(low) | (__mmask32(high) << 16);
-    const __m512i even_row = panel_rows::load_words<Whole>(even, mask);
-    const __m512i odd_row = odd != nullptr ? panel_rows::load_words<Whole>(odd, mask) : _mm512_setzero_si512();
-    pairs[0] = _mm512_unpacklo_epi16(even_row, odd_row);
-    pairs[1] = _mm512_unpackhi_epi16(even_row, odd_row);
-  } else {
-    const __m512i interleave = _mm512_load_si512(halves.lane);
-    for (std::size_t v = 0; v < Vectors; ++v)
-      pairs[v] = _mm512_permutexvar_epi16(
-          interleave,
-          even_odd_16<Element, Whole>(even + 16 * v, odd != nullptr ? odd + 16 * v : nullptr, v == 0 ? low : high));
-  }
-}
 
 // The lane order of a row's accumulators, as load_pairs leaves it: for bf16
 // (unpacked within 128-bit lanes) lane 4 L + j of acc[0] holds column 8 L + j

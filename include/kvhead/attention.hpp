@@ -143,12 +143,12 @@ struct attention_options {
   ///         merge of chunks in fp32; the probabilities, unnormalized
   ///         (exp(s - the max of their 256-key chunk)), rounded to bf16 for
   ///         p v (the softmax's sum is that of the unrounded ones). On CPUs
-  ///         with AVX512-BF16 (AMD Zen 4, Intel from Cooper Lake; AMX CPUs
-  ///         have it too) q kᵀ and p v run on vdpbf16ps (bf16 products, fp32
-  ///         sums in pairs of terms, subnormals flushed to zero), elsewhere
-  ///         on the fp32 kernels over the rounded values, as also on the
-  ///         Xeons with AMX, whose vdpbf16ps runs at half their FMA rate
-  ///         (kernel configuration avx512-xeon); the two sum in
+  ///         with AVX512-BF16 (AMD Zen 4, Intel from Cooper Lake) q kᵀ and
+  ///         p v run on vdpbf16ps (bf16 products, fp32 sums in pairs of
+  ///         terms, subnormals flushed to zero), on the Xeons with AMX on
+  ///         its tiles (fp32 sums in tiles of 32 terms; a decode step's few
+  ///         rows on FMAs in the tiles' order, the same bits), elsewhere on
+  ///         the fp32 kernels over the rounded values; they sum in
   ///         different orders, so their last bits differ (`kvhead kernels`
   ///         prints which runs). So, with
   ///         p_j the exact probabilities of the rounded inputs, each output
@@ -157,8 +157,8 @@ struct attention_options {
   ///         (tests/sdpa_bf16_test.cpp checks this bound). Against f32 on the
   ///         same (unrounded) inputs: max |out_bf16 - out_f32| / max |out_f32|
   ///         measured 2.6e-3 (32/8 heads, head_dim 128, 300 tokens, causal,
-  ///         N(0, 1) inputs; on AVX2 and on Zen 4's vdpbf16ps alike;
-  ///         tests/sdpa_bf16_test.cpp, ceiling 2e-2).
+  ///         N(0, 1) inputs; on AVX2, on Zen 4's vdpbf16ps and on a Xeon's
+  ///         AMX tiles alike; tests/sdpa_bf16_test.cpp, ceiling 2e-2).
   ///         `probabilities`, when set, receives the fp32 softmax of the
   ///         rounded q and k's scores (not rounded to bf16): bit for bit what
   ///         f32 gives on inputs rounded beforehand. As for f32, results are
@@ -255,8 +255,8 @@ struct attention_config {
   ///         the merge of chunks in fp32; the probabilities, unnormalized
   ///         (exp(s - the max of their 256-key chunk)), rounded to bf16 for
   ///         p v (the softmax's sum is that of the unrounded ones); q kᵀ and
-  ///         p v on vdpbf16ps where the CPU has AVX512-BF16 (not on the
-  ///         Xeons with AMX: above), over the cache
+  ///         p v on AMX tiles or vdpbf16ps where the CPU has them (above),
+  ///         over the cache
   ///         as stored (f32, bf16 or f16; an int8 cache on the fp32 kernels),
   ///         as scaled_dot_product_attention's precision says. The
   ///         weight bytes halve (decode, bound by them, speeds up); on CPUs
@@ -266,7 +266,7 @@ struct attention_config {
   ///         Accuracy: max |y_bf16 - y_f32| / max |y_f32| measured 3.1e-3 on
   ///         a Llama-like layer (d_model 4096, 32/8 heads, head_dim 128, 300
   ///         tokens; tests/bf16_layer_test.cpp, ceiling 2e-2; 3.1e-3 also on
-  ///         Zen 4 with AVX512-BF16), at most 7.6e-3
+  ///         Zen 4 with AVX512-BF16 and on a Xeon with AMX), at most 7.6e-3
   ///         on the PyTorch golden cases (fp32 fallback unit, AVX2; the bf16
   ///         units sum in another order). Results are bit-identical for any
   ///         thread count, chunking and batching, as for f32, on one machine

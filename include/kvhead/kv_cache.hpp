@@ -15,10 +15,12 @@
 // Over a bf16 cache, on CPUs with AVX512-BF16 (AMD Zen 4, Intel from Cooper
 // Lake, except the Xeons with AMX, whose vdpbf16ps runs at half their FMA
 // rate; `kvhead kernels` prints it), q kᵀ and p v instead run on vdpbf16ps
-// whatever the layer's precision: q and the unnormalized probabilities are
-// rounded to bf16 as the kernel reads them (nearest even; the softmax's sum
-// stays that of the unrounded ones), products and sums in fp32 (in pairs of
-// terms, subnormal bf16 inputs read as zero). That halves the instructions
+// whatever the layer's precision (on the Xeons with AMX: on AMX tiles in
+// bf16 precision, the fp32 kernels in f32): q and the unnormalized
+// probabilities are rounded to bf16 as the kernel reads them (nearest even;
+// the softmax's sum stays that of the unrounded ones), products and sums in
+// fp32 (in pairs of terms, or tiles of 32 on AMX; subnormal bf16 inputs
+// read as zero). That halves the instructions
 // per cached byte, which decode's speed depends on; it adds a rounding of q
 // and of p of the same size as the rounding of K and V (the accuracy below is
 // measured with it). Over an int8 cache, on CPUs with AVX512-VNNI and
