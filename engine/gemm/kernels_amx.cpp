@@ -77,6 +77,23 @@ void end_paged_product(std::size_t rows, unsigned int mxcsr) {
 
 void release_tiles() { _tile_release(); }
 
+// The rows of a B panel two at a time through its pages (each of page_rows
+// rows, an even number: a pair never spans two), as both paged kernels read
+// them: next() is the even row of the next pair.
+template <class Element>
+struct pair_rows {
+  const void* const* pages;
+  std::size_t page_rows, stride, page = 0, row = 0;
+  const Element* next() {
+    const Element* const even = static_cast<const Element*>(pages[page]) + row * stride;
+    if ((row += 2) == page_rows) {
+      ++page;
+      row = 0;
+    }
+    return even;
+  }
+};
+
 // The Rows x 32 sums of A (tile rows, 2 * pairs apart) times B (packed
 // [pairs][32][2]) into acc; stage(pair) before each group of 16 pairs' tiles
 // (the staged kernel's conversion of that group into B; or nothing).
@@ -140,22 +157,17 @@ void staged_tile(const bf16_staged_params& params) {
   const __mmask32 lanes = panel_rows::first_lanes(params.cols);
   const auto low = __mmask16(lanes), high = __mmask16(lanes >> 16);
   const std::size_t stride = params.b_row_stride;
-  std::size_t page = 0, page_row = 0;  // where row k (the next pair's even row) lies
+  pair_rows<Element> rows{params.b_pages, params.page_rows, stride};
   auto stage = [&](std::size_t first_pair) {
     if (!params.stage) return;
     bf16_bits* target = params.staged + first_pair * 2 * bf16_nr;
     for (std::size_t k = 2 * first_pair; k < 2 * (first_pair + 16); k += 2, target += 2 * bf16_nr) {
       __m512i pairs[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
       if (k < params.depth) {
-        const Element* even = static_cast<const Element*>(params.b_pages[page]) + page_row * stride;
+        const Element* const even = rows.next();
         panel_rows::prefetch_ahead(even, 2 * stride * sizeof(Element), params.prefetch);
         pair_loads::load_pairs_in_order<Element, Whole>(even, k + 1 < params.depth ? even + stride : nullptr, low, high,
                                                         pairs);
-        page_row += 2;  // pages hold an even number of rows: a pair never spans two
-        if (page_row == params.page_rows) {
-          ++page;
-          page_row = 0;
-        }
       }
       _mm512_storeu_si512(target, pairs[0]);
       _mm512_storeu_si512(target + bf16_nr, pairs[1]);
@@ -226,9 +238,8 @@ void fma_tile(const bf16_paged_params& params) {
   static_assert(Rows <= amx_fma_mr);
   const __mmask32 lanes = panel_rows::first_lanes(params.cols);
   const auto low = __mmask16(lanes), high = __mmask16(lanes >> 16);
-  const std::size_t depth = params.depth, page_rows = params.page_rows, stride = params.b_row_stride;
+  const std::size_t depth = params.depth, stride = params.b_row_stride;
   const std::size_t padded = round_up(std::max<std::size_t>(depth, 1), 32), pair_bytes = 2 * stride * sizeof(Element);
-  const void* const* const pages = params.b_pages;
   const stream_prefetch prefetch = params.prefetch;
   // A's rows widened to fp32 once, for broadcasts from memory.
   alignas(64) float a[Rows][gemm_kc];
@@ -240,7 +251,7 @@ void fma_tile(const bf16_paged_params& params) {
                                       16)));
   __m512 acc[Rows][2];
   for (std::size_t row = 0; row < Rows; ++row) acc[row][0] = acc[row][1] = _mm512_setzero_ps();
-  std::size_t page = 0, page_row = 0;  // where row k lies
+  pair_rows<Element> rows{params.b_pages, params.page_rows, stride};
   for (std::size_t group = 0; group < padded; group += 32) {
     __m512 even[Rows][2], odd[Rows][2];
     for (std::size_t row = 0; row < Rows; ++row)
@@ -248,15 +259,10 @@ void fma_tile(const bf16_paged_params& params) {
     for (std::size_t k = group; k < group + 32; k += 2) {
       __m512 b_even[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, b_odd[2] = {b_even[0], b_even[1]};
       if (k < depth) {
-        const Element* const row_k = static_cast<const Element*>(pages[page]) + page_row * stride;
+        const Element* const row_k = rows.next();
         panel_rows::prefetch_ahead(row_k, pair_bytes, prefetch);
         split_columns(row_bf16<Element, Whole>(row_k, low, high), b_even);
         if (k + 1 < depth) split_columns(row_bf16<Element, Whole>(row_k + stride, low, high), b_odd);
-        page_row += 2;  // pages hold an even number of rows: a pair never spans two
-        if (page_row == page_rows) {
-          ++page;
-          page_row = 0;
-        }
       }
 #pragma GCC unroll 4
       for (std::size_t row = 0; row < Rows; ++row) {
