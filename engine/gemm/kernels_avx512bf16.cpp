@@ -199,16 +199,21 @@ constexpr auto paged_f16 = paged_table<f16_bits>(std::make_index_sequence<avx512
 // nearest even (vcvtne2ps2bf16), zero up to a whole pair.
 void avx512bf16_convert_rows(const float* from, std::size_t from_ld, std::size_t rows, std::size_t cols, bf16_bits* to,
                              std::size_t to_ld) {
-  const std::size_t padded = cols + cols % 2;
-  for (std::size_t row = 0; row < rows; ++row)
-    for (std::size_t col = 0; col < padded; col += 32) {
-      const __mmask32 loaded = first_lanes(cols - col);
-      const auto low = __mmask16(loaded), high = __mmask16(loaded >> 16);
-      const float* source = from + row * from_ld + col;
-      const __m512bh converted =
-          _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(high, source + 16), _mm512_maskz_loadu_ps(low, source));
-      _mm512_mask_storeu_epi16(to + row * to_ld + col, first_lanes(padded - col), (__m512i)converted);
-    }
+  const std::size_t padded = cols + cols % 2, whole = cols / 32 * 32;
+  for (std::size_t row = 0; row < rows; ++row) {
+    const float* const source = from + row * from_ld;
+    bf16_bits* const target = to + row * to_ld;
+    // Whole runs of 32 columns plainly, the rest through masks.
+    for (std::size_t col = 0; col < whole; col += 32)
+      _mm512_storeu_si512(target + col, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(source + col + 16),
+                                                                     _mm512_loadu_ps(source + col)));
+    if (whole == padded) continue;
+    const __mmask32 loaded = first_lanes(cols - whole);
+    const auto low = __mmask16(loaded), high = __mmask16(loaded >> 16);
+    const __m512bh converted = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(high, source + whole + 16),
+                                                   _mm512_maskz_loadu_ps(low, source + whole));
+    _mm512_mask_storeu_epi16(target + whole, first_lanes(padded - whole), (__m512i)converted);
+  }
 }
 
 const bf16_kernels& avx512bf16_kernels() {
