@@ -514,31 +514,31 @@ void process_chunks(const attention_tile& tile, const kv_chunk_source& source, s
   }
 }
 
-// Whole tiles units[0 .. count) of one shape and chunk range, chunk by chunk:
+// The whole tiles of tasks[0 .. count), of one shape and chunk range, chunk by chunk:
 // each chunk of every tile in turn, then the next chunk. Each tile's partials
 // are computed and merged as process_chunks does (the same bits); what
 // changes is the order of the reads: a cache stores a block's kv heads side
 // by side, so a decode step's consecutive kv heads read one stream per block
 // instead of one per head and block.
 void process_bundle(const std::vector<attention_tile>& tiles, const std::vector<const kv_chunk_source*>& sources,
-                    const std::size_t* units, std::size_t count, chunk_range chunks) {
-  const attention_tile& shape = tiles[units[0]];
+                    const work_task* tasks, std::size_t count, chunk_range chunks) {
+  const attention_tile& shape = tiles[tasks[0].unit];
   tile_scratch scratch(shape, count);
   const std::size_t running_floats = partial_floats(shape), query_floats = tile_scratch::query_floats(shape);
   for (std::size_t i = 0; i < count; ++i) {
-    clear_partial(tiles[units[i]], scratch.running.data() + i * running_floats, all_rows(shape));
-    gather_queries(tiles[units[i]], scratch.q_rows.data() + i * query_floats);
+    clear_partial(tiles[tasks[i].unit], scratch.running.data() + i * running_floats, all_rows(shape));
+    gather_queries(tiles[tasks[i].unit], scratch.q_rows.data() + i * query_floats);
   }
   for (std::size_t chunk = chunks.first; chunk < chunks.end; ++chunk)
     for (std::size_t i = 0; i < count; ++i) {
-      const attention_tile& tile = tiles[units[i]];
-      chunk_partial(tile, *sources[units[i]], chunk, scratch.q_rows.data() + i * query_floats, scratch.scores.data(),
-                    scratch.partial.data());
+      const attention_tile& tile = tiles[tasks[i].unit];
+      chunk_partial(tile, *sources[tasks[i].unit], chunk, scratch.q_rows.data() + i * query_floats,
+                    scratch.scores.data(), scratch.partial.data());
       merge_into(tile, {chunk, chunk + 1}, scratch.running.data() + i * running_floats, scratch.partial.data(),
                  all_rows(tile));
     }
   for (std::size_t i = 0; i < count; ++i)
-    write_output(tiles[units[i]], scratch.running.data() + i * running_floats, all_rows(shape));
+    write_output(tiles[tasks[i].unit], scratch.running.data() + i * running_floats, all_rows(shape));
 }
 
 }  // namespace
@@ -564,8 +564,7 @@ struct run_workspace {
   std::vector<std::size_t> offset, first_slot, split_tiles;
   std::vector<char> range_start;                             // per chunk slot of split tiles: it holds a partial
   std::vector<std::pair<std::size_t, row_range>> merges;     // (split tile, rows) of the merge pass
-  std::vector<std::size_t> bundle_units;                     // the tasks' units, bundles contiguous
-  std::vector<std::pair<std::size_t, std::size_t>> bundles;  // (first task, tasks)
+  std::vector<std::pair<std::size_t, std::size_t>> bundles;  // (first task, tasks) of the plan
 };
 
 // Whole tiles that run as one task, chunk by chunk (process_bundle): tiles
@@ -582,7 +581,6 @@ struct run_workspace {
 // S5_decode_ragged16 21.3-21.8 -> 18.7-19.0 ms and 14.6-15.0 -> 9.5-10.1).
 void plan_bundles(const std::vector<attention_tile>& tiles, const std::vector<work_unit>& units, const work_plan& plan,
                   std::size_t threads, run_workspace& work) {
-  work.bundle_units.clear();
   work.bundles.clear();
   const std::size_t most = std::max<std::size_t>(1, (tiles.size() + threads - 1) / threads);
   auto streams = [&](const work_task& task) {
@@ -601,7 +599,6 @@ void plan_bundles(const std::vector<attention_tile>& tiles, const std::vector<wo
     if (streams(plan.tasks[index]))
       while (end < plan.tasks.size() && end - index < most && joins(plan.tasks[index], plan.tasks[end])) ++end;
     work.bundles.push_back({index, end - index});
-    for (std::size_t task = index; task < end; ++task) work.bundle_units.push_back(plan.tasks[task].unit);
     index = end;
   }
 }
@@ -644,8 +641,7 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
     const auto [index, count] = work->bundles[bundle];
     if (count > 1) {
       const gemm_serial_scope serial;
-      process_bundle(tiles, sources, work->bundle_units.data() + index, count,
-                     tile_chunks(tiles[plan.tasks[index].unit]));
+      process_bundle(tiles, sources, plan.tasks.data() + index, count, tile_chunks(tiles[plan.tasks[index].unit]));
       return;
     }
     const work_task& task = plan.tasks[index];
