@@ -514,12 +514,13 @@ void process_chunks(const attention_tile& tile, const kv_chunk_source& source, s
   }
 }
 
-// The whole tiles of tasks[0 .. count), of one shape and chunk range, chunk by chunk:
-// each chunk of every tile in turn, then the next chunk. Each tile's partials
-// are computed and merged as process_chunks does (the same bits); what
-// changes is the order of the reads: a cache stores a block's kv heads side
-// by side, so a decode step's consecutive kv heads read one stream per block
-// instead of one per head and block.
+// The whole tiles of tasks[0 .. count) (one, or a bundle of one shape and
+// chunk range), chunk by chunk: each chunk of every tile in turn, then the
+// next chunk, each tile's partials merged left to right as they come (the
+// same bits whatever the bundle); what the bundle changes is the order of
+// the reads: a cache stores a block's kv heads side by side, so a decode
+// step's consecutive kv heads read one stream per block instead of one per
+// head and block.
 void process_bundle(const std::vector<attention_tile>& tiles, const std::vector<const kv_chunk_source*>& sources,
                     const work_task* tasks, std::size_t count, chunk_range chunks) {
   const attention_tile& shape = tiles[tasks[0].unit];
@@ -639,34 +640,26 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
   plan_bundles(tiles, work->units, plan, threads, *work);
   run_indices(work->bundles.size(), [&](std::size_t bundle) {
     const auto [index, count] = work->bundles[bundle];
-    if (count > 1) {
-      const gemm_serial_scope serial;
-      process_bundle(tiles, sources, plan.tasks.data() + index, count, tile_chunks(tiles[plan.tasks[index].unit]));
-      return;
-    }
     const work_task& task = plan.tasks[index];
     const attention_tile& tile = tiles[task.unit];
-    const gemm_serial_scope serial;  // one task per tile or range already keeps the threads busy
-    tile_scratch scratch(tile);
-    const std::size_t first = tile_chunks(tile).first;  // the unit's chunk u is the tile's first + u
-    if (plan.split[task.unit]) {
-      float* slot = stored.data() + work->offset[task.unit] + task.chunk_begin * partial_floats(tile);
-      const std::size_t begin = first + task.chunk_begin, end = first + task.chunk_end;
-      char* const marks = work->range_start.data() + work->first_slot[task.unit];
-      if (fixed_order && task.chunk_begin > 0) {
-        process_chunks(tile, *sources[task.unit], begin, end, nullptr, slot, scratch);
-        std::fill(marks + task.chunk_begin, marks + task.chunk_end, 1);
-      } else {
-        clear_partial(tile, slot, all_rows(tile));
-        process_chunks(tile, *sources[task.unit], begin, end, slot, nullptr, scratch);
-        marks[task.chunk_begin] = 1;
-      }
+    const gemm_serial_scope serial;  // one task per tile, bundle or range already keeps the threads busy
+    if (!plan.split[task.unit]) {    // whole tiles: one, or a bundle
+      process_bundle(tiles, sources, plan.tasks.data() + index, count, tile_chunks(tile));
       return;
     }
-    float* const running = scratch.running.data();
-    clear_partial(tile, running, all_rows(tile));
-    process_chunks(tile, *sources[task.unit], first, first + work->units[task.unit].chunks, running, nullptr, scratch);
-    write_output(tile, running, all_rows(tile));
+    tile_scratch scratch(tile);
+    const std::size_t first = tile_chunks(tile).first;  // the unit's chunk u is the tile's first + u
+    float* slot = stored.data() + work->offset[task.unit] + task.chunk_begin * partial_floats(tile);
+    const std::size_t begin = first + task.chunk_begin, end = first + task.chunk_end;
+    char* const marks = work->range_start.data() + work->first_slot[task.unit];
+    if (fixed_order && task.chunk_begin > 0) {
+      process_chunks(tile, *sources[task.unit], begin, end, nullptr, slot, scratch);
+      std::fill(marks + task.chunk_begin, marks + task.chunk_end, 1);
+    } else {
+      clear_partial(tile, slot, all_rows(tile));
+      process_chunks(tile, *sources[task.unit], begin, end, slot, nullptr, scratch);
+      marks[task.chunk_begin] = 1;
+    }
   });
   // Split tiles: merge the stored partials left to right, then normalize;
   // rows are independent, so blocks of rows run in parallel.
