@@ -238,6 +238,43 @@ TEST_CASE(
       }
 }
 
+TEST_CASE("gemm_int8_paged: rows quantized beforehand are read instead of A, with the bits of quantizing it there") {
+  std::mt19937 generator(5);
+  const std::size_t m = 6, n = 70, k = 132;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(-127, 127);
+  std::vector<float> a(m * k), other(m * k);
+  for (float& x : a) x = normal(generator);
+  for (float& x : other) x = normal(generator);
+  std::vector<std::int8_t> b(k * n);
+  for (std::int8_t& x : b) x = std::int8_t(byte(generator));
+  for (const kernel_case& kernels : kernels_to_test())
+    for (const a_quantization quantization : both_quantizations)
+      for (const bool along_k : {false, true}) {
+        CAPTURE(kernels.name);
+        CAPTURE(name(quantization));
+        CAPTURE(along_k);
+        const std::size_t page = along_k ? 4 : 32;
+        const paged_matrix matrix = page_b(b, k, n, page, along_k);
+        const paged_case test{m, n, k, page, along_k, 0.5f};
+        const std::vector<float> expected = run(*kernels.kernels, quantization, test, other, k, matrix, n, m);
+        // other's rows, quantized once, given with A = a: the product is other's.
+        std::vector<float> storage(quantized_rows_floats(quantization, m, k));
+        const quantized_rows given =
+            quantize_rows_with(*kernels.kernels, quantization, {other.data(), k, transpose::no}, m, k, storage.data());
+        std::vector<float> c(m * n, std::numeric_limits<float>::quiet_NaN());
+        for (int call = 0; call < 2; ++call) {  // read, never changed: the same for every product
+          gemm_int8_paged_with(*kernels.kernels, quantization, {m, n, k}, 0.5f, {a.data(), k, transpose::no},
+                               matrix.view, c.data(), n, int8_pv_rows_configured, &given);
+          CHECK(std::memcmp(expected.data(), c.data(), c.size() * sizeof(float)) == 0);
+        }
+        const quantized_rows again = quantized_rows_at(quantization, m, k, storage.data());
+        CHECK(again.scales == given.scales);
+        CHECK(again.rows == given.rows);
+        CHECK(again.ld == given.ld);
+      }
+}
+
 TEST_CASE("gemm_int8_paged: bad arguments named, never a wrong answer") {
   std::vector<std::int8_t> b(16 * 4, 1);
   const paged_matrix fine = page_b(b, 16, 4, 16, true);
@@ -267,6 +304,17 @@ TEST_CASE("gemm_int8_paged: bad arguments named, never a wrong answer") {
                        doctest::Contains("multiple of 4 rows"), std::invalid_argument);
   CHECK_NOTHROW(gemm_int8_paged_with(kernels, a_quantization::int16, {2, 4, 24}, 1.0f,
                                      {deep_a.data(), 24, transpose::no}, six_rows.view, c.data(), 4));
+  std::vector<float> storage(quantized_rows_floats(a_quantization::int8, 2, 16));
+  const quantized_rows int8_rows =
+      quantize_rows_with(kernels, a_quantization::int8, {a.data(), 16, transpose::no}, 2, 16, storage.data());
+  CHECK_THROWS_WITH_AS(
+      gemm_int8_paged_with(kernels, a_quantization::int16, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, fine.view,
+                           c.data(), 4, int8_pv_rows_configured, &int8_rows),
+      doctest::Contains("are not A's"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      gemm_int8_paged_with(kernels, a_quantization::int8, {1, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, fine.view,
+                           c.data(), 4, int8_pv_rows_configured, &int8_rows),
+      doctest::Contains("2 x 16, int8) are not A's (1 x 16, int8)"), std::invalid_argument);
   if (!gemm_int8_paged_runs(layout_path, kv_dtype::int8))
     CHECK_THROWS_WITH_AS(
         gemm_int8_paged(a_quantization::int8, {2, 4, 16}, 1.0f, {a.data(), 16, transpose::no}, fine.view, c.data(), 4),

@@ -55,14 +55,16 @@ product_kind attention_products(kvhead::precision precision, simd_path path, kv_
 // the probabilities below 1/510 of their row's largest would vanish, and
 // thousands of them can carry most of the weight.
 enum class attention_product { scores, values };
+// quantized_a (int8 only, or null): A's rows quantized already (the tile's
+// queries, quantize_queries).
 void paged_product(product_kind kind, attention_product product, gemm_shape shape, float alpha, gemm_operand a,
-                   const paged_b_view& b, float* c, std::size_t ldc) {
+                   const paged_b_view& b, float* c, std::size_t ldc, const quantized_rows* quantized_a = nullptr) {
   switch (kind) {
     case product_kind::bf16:
       return gemm_bf16_paged(shape, alpha, a, b, c, ldc);
     case product_kind::int8:
       return gemm_int8_paged(product == attention_product::scores ? a_quantization::int8 : a_quantization::int16, shape,
-                             alpha, a, b, c, ldc);
+                             alpha, a, b, c, ldc, quantized_a);
     case product_kind::fp32:
       return gemm(shape, alpha, a, b, 0.0f, c, ldc);
   }
@@ -128,6 +130,7 @@ class user_kv_source final : public kv_chunk_source {
       : packed_(packed), keys_(keys), v_(v), v_seq_stride_(v_seq_stride), head_dim_(head_dim), path_(path) {}
 
   std::size_t segment_keys() const override { return kv_chunk; }
+  kv_dtype element() const override { return kv_dtype::f32; }  // packed fp32 (rounded in bf16 precision)
 
   kv_segment segment(std::size_t chunk, std::size_t) const override {
     const std::size_t key0 = chunk * kv_chunk, width = std::min(kv_chunk, keys_ - key0);
@@ -212,15 +215,35 @@ std::size_t partial_floats(const attention_tile& tile) { return tile.positions *
 // thread's scratch stack (engine/arch/scratch.hpp) then always serves the
 // same buffer of a tile shape and stops growing once the shape has been seen,
 // whichever kind of task the thread happens to run first.
+// q_quantized: each tile's query rows as the int8 scores' A (quantize_queries).
 struct tile_scratch {
-  scratch_lease running, q_rows, scores, partial;
+  scratch_lease running, q_rows, scores, partial, q_quantized;
   explicit tile_scratch(const attention_tile& tile, std::size_t tiles = 1)
       : running(tiles * partial_floats(tile)),
         q_rows(tiles * query_floats(tile)),
         scores(tile.positions * tile.group * kv_chunk),
-        partial(partial_floats(tile)) {}
+        partial(partial_floats(tile)),
+        q_quantized(tiles * quantized_query_floats(tile)) {}
   static std::size_t query_floats(const attention_tile& tile) { return tile.positions * tile.group * tile.head_dim; }
+  static std::size_t quantized_query_floats(const attention_tile& tile) {
+    return quantized_rows_floats(a_quantization::int8, tile.positions * tile.group, tile.head_dim);
+  }
 };
+
+// The kernels of the tile's products over `source` (attention_products).
+product_kind tile_products(const attention_tile& tile, const kv_chunk_source& source) {
+  return attention_products(tile.precision, tile.path, source.element(), tile.head_dim);
+}
+
+// Where the int8 products run (a decode step over an int8 cache), the tile's
+// query rows quantized once into `storage` (tile_scratch::q_quantized), for
+// every chunk's q kᵀ: per chunk, their quantization and its scratch lease
+// took 5% of a decode step over an int8 cache (Xeon, S1's geometry).
+void quantize_queries(const attention_tile& tile, const kv_chunk_source& source, const float* q_rows, float* storage) {
+  if (tile_products(tile, source) == product_kind::int8)
+    quantize_rows(a_quantization::int8, {q_rows, tile.head_dim, transpose::no}, tile.positions * tile.group,
+                  tile.head_dim, storage);
+}
 
 // The tile's query rows, stacked: row i * R + r is position i of head r of
 // the group; in bf16 precision rounded to bf16 as they are gathered (the
@@ -264,8 +287,10 @@ const void* page_with_leading_zeros(const packed_b_view& values, std::size_t row
 // every element's sums run in the same order whatever the segment size.
 // Segments before the first key any row sees (the tile's first row's window
 // begin) are neither asked for nor read.
+// q_quantized: the rows quantize_queries made of q_rows (read where the
+// int8 products run).
 void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, std::size_t chunk, const float* q_rows,
-                   float* scores, float* partial) {
+                   const float* q_quantized, float* scores, float* partial) {
   const std::size_t group = tile.group, head_dim = tile.head_dim, positions = tile.positions;
   const std::size_t rows = positions * group, key0 = chunk * kv_chunk;
   auto visible = [&](std::size_t position) { return visible_in_chunk(tile, chunk, position); };
@@ -306,7 +331,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     value_pages[s] = views[s].values.panels;
   }
   const packed_b_view& first_keys = views[first_segment].keys;
-  const product_kind kind = attention_products(tile.precision, tile.path, first_keys.element, head_dim);
+  const product_kind kind = tile_products(tile, source);
   const paged_b_view keys_view{key_pages + first_segment,
                                first_keys.n,
                                false,
@@ -316,8 +341,9 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
                                first_keys.element,
                                views[first_segment].key_row_stride};
   const gemm_operand queries{q_rows, head_dim, transpose::no};
+  const quantized_rows quantized_queries = quantized_rows_at(a_quantization::int8, rows, head_dim, q_quantized);
   paged_product(kind, attention_product::scores, {rows, width - first_key, head_dim}, tile.scale, queries, keys_view,
-                scores + first_key, kv_chunk);
+                scores + first_key, kv_chunk, kind == product_kind::int8 ? &quantized_queries : nullptr);
   // int8: the scales gathered into one row per chunk, so each query row takes
   // one multiply per chunk, not one per segment (Zen 5: 4-5% off S1 and S5
   // over an int8 cache, 11% at block 16, in 5 alternations). Only now, with
@@ -507,9 +533,11 @@ void write_output(const attention_tile& tile, const float* running, row_range ra
 void process_chunks(const attention_tile& tile, const kv_chunk_source& source, std::size_t begin, std::size_t end,
                     float* running, float* stored, tile_scratch& scratch) {
   gather_queries(tile, scratch.q_rows.data());
+  quantize_queries(tile, source, scratch.q_rows.data(), scratch.q_quantized.data());
   for (std::size_t chunk = begin; chunk < end; ++chunk) {
     float* partial = stored != nullptr ? stored + (chunk - begin) * partial_floats(tile) : scratch.partial.data();
-    chunk_partial(tile, source, chunk, scratch.q_rows.data(), scratch.scores.data(), partial);
+    chunk_partial(tile, source, chunk, scratch.q_rows.data(), scratch.q_quantized.data(), scratch.scores.data(),
+                  partial);
     if (stored == nullptr) merge_into(tile, {chunk, chunk + 1}, running, partial, all_rows(tile));
   }
 }
@@ -526,15 +554,18 @@ void process_bundle(const std::vector<attention_tile>& tiles, const std::vector<
   const attention_tile& shape = tiles[tasks[0].unit];
   tile_scratch scratch(shape, count);
   const std::size_t running_floats = partial_floats(shape), query_floats = tile_scratch::query_floats(shape);
+  const std::size_t quantized_floats = tile_scratch::quantized_query_floats(shape);
   for (std::size_t i = 0; i < count; ++i) {
     clear_partial(tiles[tasks[i].unit], scratch.running.data() + i * running_floats, all_rows(shape));
     gather_queries(tiles[tasks[i].unit], scratch.q_rows.data() + i * query_floats);
+    quantize_queries(tiles[tasks[i].unit], *sources[tasks[i].unit], scratch.q_rows.data() + i * query_floats,
+                     scratch.q_quantized.data() + i * quantized_floats);
   }
   for (std::size_t chunk = chunks.first; chunk < chunks.end; ++chunk)
     for (std::size_t i = 0; i < count; ++i) {
       const attention_tile& tile = tiles[tasks[i].unit];
       chunk_partial(tile, *sources[tasks[i].unit], chunk, scratch.q_rows.data() + i * query_floats,
-                    scratch.scores.data(), scratch.partial.data());
+                    scratch.q_quantized.data() + i * quantized_floats, scratch.scores.data(), scratch.partial.data());
       merge_into(tile, {chunk, chunk + 1}, scratch.running.data() + i * running_floats, scratch.partial.data(),
                  all_rows(tile));
     }

@@ -99,6 +99,8 @@ class kv_chunk_source {
   virtual std::size_t segment_keys() const = 0;
   /// Segment `index` of chunk `chunk`: keys [chunk * kv_chunk + index * segment_keys(), ...).
   virtual kv_segment segment(std::size_t chunk, std::size_t index) const = 0;
+  /// The element type of every segment's K and V.
+  virtual kv_dtype element() const = 0;
 };
 
 /// The layer's variants of the scores and the softmax (attention.hpp), both

@@ -58,6 +58,7 @@ class cache_kv_source final : public kv_chunk_source {
         dtype_(cache.dtype()) {}
 
   std::size_t segment_keys() const override { return block_size_; }
+  kv_dtype element() const override { return dtype_; }
 
   kv_segment segment(std::size_t chunk, std::size_t index) const override {
     const std::uint32_t block = table_[chunk * (kv_chunk / block_size_) + index];

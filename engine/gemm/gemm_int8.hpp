@@ -102,15 +102,37 @@ struct int8_paged_kernels {
 const int8_paged_kernels& avx512vnni_int8_paged_kernels();
 const int8_paged_kernels& emulated_int8_paged_kernels();
 
+/// A's m rows of depth k quantized as `quantization` says (above), in the
+/// layout the kernels read: the rows' scales, (int8) their sums, then the
+/// rows, ld elements apart. quantize_rows writes them into storage of
+/// quantized_rows_floats floats; quantized_rows_at reads back the view of
+/// rows written there before. Made once, they serve every product with the
+/// same A (a tile's queries against each chunk of keys).
+struct quantized_rows {
+  a_quantization quantization;
+  std::size_t m, k, ld;
+  const float* scales;
+  const std::int32_t* sums;  // int8 only
+  const void* rows;
+};
+std::size_t quantized_rows_floats(a_quantization quantization, std::size_t m, std::size_t k);
+quantized_rows quantized_rows_at(a_quantization quantization, std::size_t m, std::size_t k, const float* storage);
+/// By the given kernels (gemm_int8_paged_with's), or the hardware's (gemm_int8_paged's).
+quantized_rows quantize_rows_with(const int8_paged_kernels& kernels, a_quantization quantization, gemm_operand a,
+                                  std::size_t m, std::size_t k, float* storage);
+quantized_rows quantize_rows(a_quantization quantization, gemm_operand a, std::size_t m, std::size_t k, float* storage);
+
 /// C = alpha * quantized(A) * B (above, A's rows quantized as `quantization`
 /// says) for A m x k (not transposed) and B a paged_b_view of int8 elements
 /// on a path whose NR is 32, pages at most KC deep, each page along k an
 /// even number of rows (int16 A) or a multiple of 4 (int8 A), narrow pages
 /// (paged_b_view::narrow_row_stride) of row stride 16 for int8 A. Runs on the
-/// calling thread. Throws std::invalid_argument naming the problem for bad
-/// arguments or when gemm_int8_paged_runs is false.
+/// calling thread. `quantized`, when not null: A's rows as quantize_rows made
+/// them from this A (the same quantization, m and k), read instead of
+/// quantizing A again (the same values). Throws std::invalid_argument naming
+/// the problem for bad arguments or when gemm_int8_paged_runs is false.
 void gemm_int8_paged(a_quantization quantization, gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b,
-                     float* c, std::size_t ldc);
+                     float* c, std::size_t ldc, const quantized_rows* quantized = nullptr);
 
 /// pv_rows_per_call of gemm_int8_paged_with: the configuration's
 /// (kernel_config_row::int8_pv_rows_per_call).
@@ -121,7 +143,8 @@ inline constexpr std::size_t int8_pv_rows_configured = ~std::size_t{0};
 /// than pv_rows_per_call rows several to a call. No value changes.
 void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quantization, gemm_shape shape, float alpha,
                           gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc,
-                          std::size_t pv_rows_per_call = int8_pv_rows_configured);
+                          std::size_t pv_rows_per_call = int8_pv_rows_configured,
+                          const quantized_rows* quantized = nullptr);
 
 /// Whether gemm_int8_paged runs here over B packed for `path` with elements
 /// `element`: CPUID reports AVX512-VNNI and AVX512-VBMI, KVHEAD_ISA does not

@@ -1,10 +1,11 @@
 // Integer products over an int8 paged B (gemm_int8_paged, gemm_int8.hpp):
 // the driver of the int8 paged kernels and their scalar emulation.
 //
-//   A's rows to int16 or int8 rows and scales (once per call) -> for each 32-column
-//   panel of B (for_each_paged_panel) -> for each MR-row block of A ->
-//   kernel over the panel's rows in all pages (int16 A in a single row block
-//   over row pages: the pages outermost, one call per page and panel)
+//   A's rows to int16 or int8 rows and scales (once per call, or given by
+//   the caller: quantize_rows) -> for each 32-column panel of B
+//   (for_each_paged_panel) -> for each MR-row block of A -> kernel over the
+//   panel's rows in all pages (int16 A in a single row block over row
+//   pages: the pages outermost, one call per page and panel)
 //
 // One B panel (at most KC rows of 32 bytes) is read by every row block in
 // turn while it is in L1; A's quantized rows stay in L1/L2.
@@ -122,9 +123,47 @@ bool gemm_int8_paged_runs(simd_path path, kv_dtype element) {
          gemm_config_for(path).nr == paged_panel_columns && element == kv_dtype::int8;
 }
 
+namespace {
+
+// A's rows in storage: per row its scale and (int8) its sum, then the rows.
+std::size_t quantized_ld(a_quantization quantization, std::size_t k) {
+  return round_up(std::max<std::size_t>(k, 1), quantization == a_quantization::int8 ? 4 : 2);
+}
+std::size_t quantized_row_bytes(a_quantization quantization, std::size_t k) {
+  return quantized_ld(quantization, k) * (quantization == a_quantization::int8 ? 1 : 2);
+}
+
+}  // namespace
+
+std::size_t quantized_rows_floats(a_quantization quantization, std::size_t m, std::size_t k) {
+  return 2 * m + ceil_div(m * quantized_row_bytes(quantization, k), sizeof(float));
+}
+
+quantized_rows quantized_rows_at(a_quantization quantization, std::size_t m, std::size_t k, const float* storage) {
+  return {
+      quantization,   m, k, quantized_ld(quantization, k), storage, reinterpret_cast<const std::int32_t*>(storage + m),
+      storage + 2 * m};
+}
+
+quantized_rows quantize_rows_with(const int8_paged_kernels& kernels, a_quantization quantization, gemm_operand a,
+                                  std::size_t m, std::size_t k, float* storage) {
+  const std::size_t ld = quantized_ld(quantization, k);
+  if (quantization == a_quantization::int8)
+    kernels.quantize_rows_int8(a.data, a.ld, m, k, reinterpret_cast<std::int8_t*>(storage + 2 * m), ld, storage,
+                               reinterpret_cast<std::int32_t*>(storage + m));
+  else
+    kernels.quantize_rows_int16(a.data, a.ld, m, k, reinterpret_cast<std::int16_t*>(storage + 2 * m), ld, storage);
+  return quantized_rows_at(quantization, m, k, storage);
+}
+
+quantized_rows quantize_rows(a_quantization quantization, gemm_operand a, std::size_t m, std::size_t k,
+                             float* storage) {
+  return quantize_rows_with(avx512vnni_int8_paged_kernels(), quantization, a, m, k, storage);
+}
+
 void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quantization, gemm_shape shape, float alpha,
                           gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc,
-                          std::size_t pv_rows_per_call) {
+                          std::size_t pv_rows_per_call, const quantized_rows* quantized) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k;
   const bool int8_a = quantization == a_quantization::int8;
   constexpr std::size_t narrow_row_bytes = 16;  // the int8 A kernels' narrow panels
@@ -132,18 +171,22 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
       "gemm_int8_paged", shape, a, b, c, ldc, int8_a ? 4 : 2,
       b.element == kv_dtype::int8 && (!int8_a || b.narrow_row_stride == 0 || b.narrow_row_stride == narrow_row_bytes),
       int8_a ? "int8 (narrow pages of row stride 16)" : "int8");
+  engine::require(
+      quantized == nullptr || (quantized->quantization == quantization && quantized->m == m && quantized->k == k), [&] {
+        return "gemm_int8_paged: the quantized rows given (" + std::to_string(quantized->m) + " x " +
+               std::to_string(quantized->k) + ", " +
+               (quantized->quantization == a_quantization::int8 ? "int8" : "int16") + ") are not A's (" +
+               std::to_string(m) + " x " + std::to_string(k) + ", " + (int8_a ? "int8" : "int16") + ")";
+      });
   if (m == 0 || n == 0) return;
-  // Per row: its scale and (int8) its sum, then the quantized rows.
-  const std::size_t a_ld = round_up(std::max<std::size_t>(k, 1), int8_a ? 4 : 2);
-  const std::size_t row_bytes = a_ld * (int8_a ? 1 : 2);
-  scratch_lease a_storage(2 * m + ceil_div(m * row_bytes, sizeof(float)));
-  float* const a_scales = a_storage.data();
-  auto* const a_sums = reinterpret_cast<std::int32_t*>(a_storage.data() + m);
-  void* const a_rows = a_storage.data() + 2 * m;
-  if (int8_a)
-    kernels.quantize_rows_int8(a.data, a.ld, m, k, static_cast<std::int8_t*>(a_rows), a_ld, a_scales, a_sums);
-  else
-    kernels.quantize_rows_int16(a.data, a.ld, m, k, static_cast<std::int16_t*>(a_rows), a_ld, a_scales);
+  // A's rows quantized here unless given.
+  scratch_lease a_storage(quantized != nullptr ? 0 : quantized_rows_floats(quantization, m, k));
+  const quantized_rows quantized_a =
+      quantized != nullptr ? *quantized : quantize_rows_with(kernels, quantization, a, m, k, a_storage.data());
+  const std::size_t a_ld = quantized_a.ld, row_bytes = quantized_row_bytes(quantization, k);
+  const float* const a_scales = quantized_a.scales;
+  const std::int32_t* const a_sums = quantized_a.sums;
+  const void* const a_rows = quantized_a.rows;
   const int8_paged_function* const by_rows = !int8_a                    ? kernels.int16_a_by_rows
                                              : b.narrow_row_stride != 0 ? kernels.int8_a_narrow_by_rows
                                                                         : kernels.int8_a_by_rows;
@@ -184,14 +227,15 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
 }
 
 void gemm_int8_paged(a_quantization quantization, gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b,
-                     float* c, std::size_t ldc) {
+                     float* c, std::size_t ldc, const quantized_rows* quantized) {
   engine::require(gemm_int8_paged_runs(b.path, b.element), [&] {
     return std::string("gemm_int8_paged: needs AVX512-VNNI and AVX512-VBMI (") +
            (host_bf16_hardware().int8_kernels_missing.empty() ? "present" : host_bf16_hardware().int8_kernels_missing) +
            "), KVHEAD_ISA not naming avx512 or a lower path, NR 32 (the path's: " +
            std::to_string(gemm_config_for(b.path).nr) + ") and int8 B";
   });
-  gemm_int8_paged_with(avx512vnni_int8_paged_kernels(), quantization, shape, alpha, a, b, c, ldc);
+  gemm_int8_paged_with(avx512vnni_int8_paged_kernels(), quantization, shape, alpha, a, b, c, ldc,
+                       int8_pv_rows_configured, quantized);
 }
 
 }  // namespace kvhead::engine
