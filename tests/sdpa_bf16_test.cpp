@@ -139,6 +139,12 @@ TEST_CASE(
       kvhead::engine::scaled_dot_product(make_problem(setup, data, out, path, precision::bf16));
       kvhead::engine::flash_attention(make_problem(setup, pre_rounded, expected, path, precision::bf16));
       CHECK(same_bits(out, expected));
+      // Inputs said to come rounded (a layer's) are read as they are: the same bits.
+      std::vector<float> as_given;
+      kvhead::engine::attention_problem given = make_problem(setup, pre_rounded, as_given, path, precision::bf16);
+      given.inputs_rounded = true;
+      kvhead::engine::flash_attention(given);
+      CHECK(same_bits(as_given, expected));
       kvhead::engine::scaled_dot_product(make_problem(setup, pre_rounded, f32_rounded, path));
       kvhead::engine::scaled_dot_product(make_problem(setup, data, f32_raw, path));
       differs_rounded += !same_bits(out, f32_rounded);

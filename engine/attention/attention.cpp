@@ -436,7 +436,8 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
                                           active_simd_path(),
                                           config.sliding_window,
                                           impl_->variants(),
-                                          config.precision};
+                                          config.precision,
+                                          true};  // project() rounds q, k and v in bf16 precision
   engine::run_in_arena([&] {
     // 1-2. Projections, and RoPE at positions 0..seq-1 of each sequence.
     impl_->project(x, rows, work->positions.data(), qkv.data());

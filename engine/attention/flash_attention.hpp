@@ -133,6 +133,8 @@ struct attention_tile {
   /// softmax); user K and V rounded as flash_attention packs them, a KV
   /// cache's as they were written (the layer writes rounded ones).
   kvhead::precision precision = kvhead::precision::f32;
+  /// bf16 precision: q holds bf16 values already (attention_problem::inputs_rounded).
+  bool queries_rounded = false;
 
   /// Keys [visible_begin(i), visible_end(i)) are visible to query row i
   /// (before the additive mask); none when begin >= end.
@@ -179,6 +181,10 @@ struct attention_problem {
   std::size_t window = 0;  // sliding window, 0: none (attention_options::sliding_window)
   score_variants variants{};
   kvhead::precision precision = kvhead::precision::f32;  // attention_tile::precision
+  // bf16 precision: q, k and v hold bf16 values already (a layer rounds its
+  // projections), so they are read as they are instead of rounded again
+  // (rounding a bf16 value to bf16 changes nothing: the same results).
+  bool inputs_rounded = false;
 };
 
 /// Packs Kᵀ once per (batch, kv head, chunk) into the calling thread's
