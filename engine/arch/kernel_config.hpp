@@ -62,6 +62,11 @@ struct kernel_config_row {
   // only (prefetcht1): L1's few fill buffers bound the lines a prefetcht0
   // stream keeps in flight, L2 takes more. 0: no L2 prefetch.
   std::size_t paged_l2_lead_bytes;
+  // The fp32 GEMM's paged prefetches with no L2 lead behind them (the next
+  // B panel under several row blocks; a single row block's own rows where
+  // the element has no L2 lead, f32) go into L2 only (prefetcht1), not L1:
+  // true where that measured faster (fill buffers again).
+  bool fp32_paged_prefetch_to_l2;
   // An untransposed A (not rounded) is read where it is, the micro-kernel
   // taking its strides, instead of packed, when each of its MR-row panels
   // meets at most this many NR-column panels of the block of B (a short
@@ -84,7 +89,7 @@ struct kernel_config_row {
 };
 
 inline constexpr kernel_config_row kernel_config_rows[] = {
-    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0, 0, 0, 0, 64, true,
+    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 0, 0, 0, false, 0, 64, true,
      "Zen 4 splits each 512-bit FMA over its two 256-bit pipes (16 fp32 FMAs per cycle). 32 zmm: "
      "12 x 32 = 24 accumulators + 2 B vectors + 1 broadcast = 27 live; 24 chains cover the 4-cycle "
      "latency; 14 x 32 (31 live) measured no faster. The 32 KiB B micro-panel streams from L2 "
@@ -94,7 +99,7 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "measured no faster in the bf16 kernel (the whole step ahead, as on Zen 5, not measured here). "
      "A packed unless it is one panel (A in place for short products, as on Zen 5: not measured here). int8 p v "
      "pages several to a call up to 64 rows, as on Zen 5 (not measured here)."},
-    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 0, 8, 64, true,
+    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 0, false, 8, 64, true,
      "Zen 5: two full 512-bit FMA pipes (32 fp32 FMAs per cycle), 48 KiB L1d, 1 MiB L2; the tile, "
      "blocks and attention tiles of avx512-2x512 (below), measured here: 81-89% of FMA peak at 1024^3; "
      "an A block of 1/8 to 3/4 of L2 and NC 1024 to 4096 within the noise of the default; attention "
@@ -110,7 +115,7 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "719-722 us, 256^3 146 -> 141 us, 1024 x 128 x 1024 1.19-1.21 -> 1.13 ms; at 16 B panels 1024^3 "
      "within the noise, and with every A in place 2048^3 lost 9-13%. int8 p v pages several to a call up to 64 "
      "rows (5 alternations, S1 over an int8 cache): block 16 405 -> 366 us, 32 348 -> 340."},
-    {"avx512-xeon", simd_path::avx512, cpu_class::intel_amx, 12, 32, 2, 120, 2048, 3072, 4096, 8, 0, false,
+    {"avx512-xeon", simd_path::avx512, cpu_class::intel_amx, 12, 32, 2, 120, 2048, 3072, 4096, true, 8, 0, false,
      "Intel Xeon with AMX (measured on one that reports model 0xa7 under KVM, 2026-12-04): the tile, blocks "
      "and attention tiles of avx512-2x512 (below); attention tiles of 240 rows within the noise of 120. "
      "vdpbf16ps runs at half the FMA rate here (limit_avx512bf16 120 GFLOP/s against limit_fma_peak 242), "
@@ -129,22 +134,26 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "row blocks (S4): bf16 and int8 2-4% slower. A in place up to 8 B panels, as on Zen 5: S2 76-81 -> "
      "70-71 ms, 1024 x 128 x 1024 1.94-2.06 -> 1.67-1.69 ms, 256^3 and 1024^3 within the noise. int8 p v one "
      "page per call, in address order, not pages of up to 64 rows several to a call as on Zen 5 (S1 over an int8 "
-     "cache, 2 alternations in one process): block 16 919-950 -> 883-900 us, block 32 899-907 -> 876-885."},
-    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, 0, 64, true,
+     "cache, 2 alternations in one process): block 16 919-950 -> 883-900 us, block 32 899-907 -> 876-885. The fp32 "
+     "GEMM's paged prefetches with no L2 lead behind them into L2 only (prefetcht1; S1 and S4 from DRAM, builds "
+     "alternated 3 times, 2026-12-05): S4 f32 1.59-1.63 -> 1.52-1.55 ms, S1 f32 2.48-2.68 -> 2.42-2.51 ms, S4 over a "
+     "bf16 cache and f32 at 2 threads within the noise; the near prefetch of bf16 and f16 rows (an L2 lead behind it) "
+     "into L2 as well: S1 slower in 4 of 6 runs, kept in L1."},
+    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, false, 0, 64, true,
      "Two full 512-bit FMA ports (Intel Xeon, AMD Zen 5): 32 fp32 FMAs per cycle, 4-cycle latency, "
      "so at least 8 independent chains; 12 x 32 keeps 24 (BLIS's skx sgemm, 32 x 12 transposed) "
      "with 14 loads per 24 FMAs, within two load ports. The 32 KiB B micro-panel fits a 48 KiB L1d. "
      "Attention tiles of 120 rows (measured on Zen 5, avx512-zen5 above). No paged prefetch, no A in place "
      "beyond one panel: CPUs no row names (the Xeons and Zen 5 measured have theirs above). int8 p v pages "
      "several to a call up to 64 rows, as on Zen 5."},
-    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0, 0, 0, true,
+    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0, false, 0, 0, true,
      "AVX2 + FMA, two 256-bit FMA pipes (Intel Haswell on, AMD Zen 1-4): 16 ymm: 6 x 16 = 12 "
      "accumulators + 2 B vectors + 1 broadcast = 15 live (BLIS's haswell sgemm); 12 chains cover "
      "4-cycle latency x 2 pipes (needs 8); 8 loads per 12 FMAs. B micro-panel 16 KiB, half of L1d. "
      "On Zen 3 an A block of a quarter of L2 measured no faster than half. Attention tiles of 120 "
      "rows: 60, 120 and 240 measured within 2% on S2 and S3 (Zen 3, 512 KiB L2); fewer rows re-read "
      "each chunk's K and V more often, more spill the scores from L2. No int8 paged kernels (they need NR 32)."},
-    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0, 0, 0, true,
+    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0, false, 0, 0, true,
      "SSE2 (no FMA): 16 xmm: 6 x 8 = 12 accumulators + 2 B + 1 broadcast + 1 product temporary = 16. "
      "B micro-panel 8 KiB. Attention tiles of 120 rows, as for AVX2. No int8 paged kernels (they need NR 32)."},
 };

@@ -76,6 +76,7 @@ gemm_config resolve(simd_path path) {
                        tiles_of<Arch>::by_element(machine.mr, machine.nr, tiles_of<Arch>::kind::half),
                        row_stream_kernels<Arch>::row_streams(),
                        paged_prefetch(*machine.row),
+                       machine.row->fp32_paged_prefetch_to_l2,
                        machine.row->a_in_place_panels,
                        machine.b_sweep_panels};
   });

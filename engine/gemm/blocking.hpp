@@ -49,6 +49,7 @@ struct gemm_config {
   const row_stream_function* row_streams;  // [rows - 1], rows in 1..row_stream_max_rows
   // paged_prefetch[element]: under a single A panel, kernel_config_row::fp32_paged_prefetch_bytes and the L2 lead.
   std::array<stream_prefetch, stored_dtype_count> paged_prefetch;
+  bool paged_prefetch_to_l2 = false;       // kernel_config_row::fp32_paged_prefetch_to_l2
   std::size_t a_in_place_panels = 0;       // kernel_config_row::a_in_place_panels
   std::size_t b_sweep_panels = 1;          // kernel_config::b_sweep_panels (dense B)
 };

@@ -346,6 +346,7 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       params.accumulate = i.page > 0;  // row pages: continue the chain
       params.b_next = b_prefetch;
       params.b_next_l2_offset = b_prefetch_l2_offset;
+      params.b_next_to_l2 = block.pages != nullptr && config.paged_prefetch_to_l2;
       run_tile(config, packed_tail ? kv_dtype::f32 : block.element, params, span.rows, columns.width,
                block.half_panels);
       if (next.a_index != i.a_index && !done(next)) span = a_panel(m, config.mr, next.a_index);

@@ -79,6 +79,7 @@ struct microkernel_params {
   bool accumulate = false;  // C holds the running acc (see above)
   const void* b_next = nullptr;
   std::size_t b_next_l2_offset = 0;  // with b_next: bytes beyond it also prefetched into L2 (0: not)
+  bool b_next_to_l2 = false;         // with b_next and no L2 offset: its rows into L2 only (prefetcht1)
   std::size_t b_panel_stride = 0;  // elements between the panels of a wide tile
   float* b_copy = nullptr;         // fp32, one NR-column panel: B's rows also stored here, NR apart
 };

@@ -92,7 +92,8 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   // alternations), prefetches of lines already on their way waiting for a
   // fill buffer.
   // prefetch_l1_l2_and_copy: as prefetch_l1_and_l2, and B's row stored at b_copy.
-  enum { prefetch_none, prefetch_l1, prefetch_l1_and_l2, prefetch_l1_l2_and_copy };
+  // prefetch_l2: b_next's rows into L2 only (b_next_to_l2).
+  enum { prefetch_none, prefetch_l1, prefetch_l2, prefetch_l1_and_l2, prefetch_l1_l2_and_copy };
   constexpr bool copies = std::is_same_v<Element, float> && Panels == 1 && Columns == NR;
   constexpr std::size_t rows_per_line = Columns * sizeof(Element) >= 64 ? 1 : 64 / (Columns * sizeof(Element));
   // The k loop over A's strides: compile-time constants for a packed A
@@ -122,7 +123,10 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
           const auto* next_row = reinterpret_cast<const char*>(b_next + k * params.b_row_stride);
 #pragma GCC unroll 2
           for (std::size_t line = 0; line < Columns * sizeof(Element); line += 64) {
-            __builtin_prefetch(next_row + line);
+            if constexpr (decltype(prefetch)::value == prefetch_l2)
+              __builtin_prefetch(next_row + line, 0, 2);
+            else
+              __builtin_prefetch(next_row + line);
             if constexpr (decltype(prefetch)::value == prefetch_l1_and_l2 ||
                           decltype(prefetch)::value == prefetch_l1_l2_and_copy)
               __builtin_prefetch(next_row + params.b_next_l2_offset + line, 0, 2);
@@ -156,7 +160,10 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   } else if (b_next == nullptr) {
     with_a(std::integral_constant<int, prefetch_none>{});
   } else if (params.b_next_l2_offset == 0) {
-    with_a(std::integral_constant<int, prefetch_l1>{});
+    if (params.b_next_to_l2)
+      with_a(std::integral_constant<int, prefetch_l2>{});
+    else
+      with_a(std::integral_constant<int, prefetch_l1>{});
   } else {
     with_a(std::integral_constant<int, prefetch_l1_and_l2>{});
   }
