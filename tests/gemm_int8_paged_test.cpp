@@ -15,6 +15,7 @@
 
 #include "engine/gemm/gemm_int8.hpp"
 #include "kvhead/config.hpp"
+#include "tests/random_values.hpp"
 
 namespace {
 
@@ -55,6 +56,14 @@ paged_matrix page_b(const std::vector<std::int8_t>& b, std::size_t k, std::size_
   for (const auto& bytes : paged.storage) paged.pages.push_back(bytes.data());
   paged.view = {paged.pages.data(), page, along_k, k, n, layout_path, kv_dtype::int8, narrow ? page : 0};
   return paged;
+}
+
+/// `count` draws of a uniform int8 in [-127, 127] from `generator`.
+std::vector<std::int8_t> random_int8(std::size_t count, std::mt19937& generator) {
+  std::uniform_int_distribution<int> byte(-127, 127);
+  std::vector<std::int8_t> values(count);
+  for (std::int8_t& x : values) x = std::int8_t(byte(generator));
+  return values;
 }
 
 struct kernel_case {
@@ -131,15 +140,11 @@ void check_case(const paged_case& test, a_quantization quantization, std::mt1993
   CAPTURE(test.page);
   CAPTURE(test.along_k);
   const std::size_t lda = test.k + 3, ldc = test.n + 2;
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> byte(-127, 127);
-  std::vector<float> a(test.m * lda);
-  for (float& x : a) x = normal(generator);
+  std::vector<float> a = kvhead::testing::random_values(test.m * lda, generator, 1.0f);
   for (std::size_t i = 0; i < test.k; ++i) a[i] = 0.0f;
   const bool poisoned = test.m > 2;
   if (poisoned) a[lda + test.k / 2] = std::numeric_limits<float>::quiet_NaN();
-  std::vector<std::int8_t> b(test.k * test.n);
-  for (std::int8_t& x : b) x = std::int8_t(byte(generator));
+  const std::vector<std::int8_t> b = random_int8(test.k * test.n, generator);
   const paged_matrix paged = page_b(b, test.k, test.n, test.page, test.along_k, test.narrow);
   std::vector<float> first;
   for (const kernel_case& kernels : kernels_to_test()) {
@@ -203,12 +208,8 @@ TEST_CASE(
     "included") {
   std::mt19937 generator(91);
   const std::size_t m = 7, n = 96, k = 256;
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> byte(-127, 127);
-  std::vector<float> a(m * k);
-  for (float& x : a) x = normal(generator);
-  std::vector<std::int8_t> b(k * n);
-  for (std::int8_t& x : b) x = std::int8_t(byte(generator));
+  const std::vector<float> a = kvhead::testing::random_values(m * k, generator, 1.0f);
+  const std::vector<std::int8_t> b = random_int8(k * n, generator);
   for (const kernel_case& kernels : kernels_to_test())
     for (const a_quantization quantization : both_quantizations)
       for (const bool along_k : {false, true}) {
@@ -241,13 +242,9 @@ TEST_CASE(
 TEST_CASE("gemm_int8_paged: rows quantized beforehand are read instead of A, with the bits of quantizing it there") {
   std::mt19937 generator(5);
   const std::size_t m = 6, n = 70, k = 132;
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> byte(-127, 127);
-  std::vector<float> a(m * k), other(m * k);
-  for (float& x : a) x = normal(generator);
-  for (float& x : other) x = normal(generator);
-  std::vector<std::int8_t> b(k * n);
-  for (std::int8_t& x : b) x = std::int8_t(byte(generator));
+  const std::vector<float> a = kvhead::testing::random_values(m * k, generator, 1.0f);
+  const std::vector<float> other = kvhead::testing::random_values(m * k, generator, 1.0f);
+  const std::vector<std::int8_t> b = random_int8(k * n, generator);
   for (const kernel_case& kernels : kernels_to_test())
     for (const a_quantization quantization : both_quantizations)
       for (const bool along_k : {false, true}) {

@@ -238,7 +238,8 @@ product_kind tile_products(const attention_tile& tile, const kv_chunk_source& so
 // Where the int8 products run (a decode step over an int8 cache), the tile's
 // query rows quantized once into `storage` (tile_scratch::q_quantized), for
 // every chunk's q kᵀ: per chunk, their quantization and its scratch lease
-// took 5% of a decode step over an int8 cache (Xeon, S1's geometry).
+// took 3.8% and 2.5% of a decode step's samples over an int8 cache (Xeon,
+// S1's geometry, perf).
 void quantize_queries(const attention_tile& tile, const kv_chunk_source& source, const float* q_rows, float* storage) {
   if (tile_products(tile, source) == product_kind::int8)
     quantize_rows(a_quantization::int8, {q_rows, tile.head_dim, transpose::no}, tile.positions * tile.group,
@@ -796,8 +797,8 @@ void flash_attention(const attention_problem& problem) {
   // In bf16 precision V is packed (and K and V rounded to bf16 as they are
   // packed, once per call, unless they come rounded): the bf16 products
   // read V packed (gemm_bf16_paged), whose pairs of keys then start at even
-  // positions of the chunk whatever a row sees. Rounding K and V again
-  // after a layer's rounding took 4% of S3_mha_layer_bf16 (Xeon, perf).
+  // positions of the chunk whatever a row sees. Rounding K, V and q again
+  // after a layer's rounding took about 3% of S3_mha_layer_bf16 (Xeon, perf).
   const bool bf16_precision = problem.precision == kvhead::precision::bf16;
   const bool round_kv = bf16_precision && !problem.inputs_rounded;
   const bool pack_values = dims.q_len > positions || bf16_precision;

@@ -31,6 +31,8 @@
 //          b_next_l2_offset: when not 0, row k of b_next plus that many
 //          bytes is also prefetched at step k, into L2 only (prefetcht1):
 //          the same stream further ahead (kernel_config_row::paged_l2_lead_bytes).
+//          b_next_to_l2 (with b_next_l2_offset 0): b_next's rows go into L2
+//          only, not L1 (kernel_config_row::fp32_paged_prefetch_to_l2).
 // b_copy   when not null (fp32 B, one panel of NR columns; b_next and
 //          b_next_l2_offset then both name rows to prefetch): each row k of
 //          B read is also stored at b_copy + k * NR, so the call that first
