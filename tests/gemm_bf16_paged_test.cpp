@@ -240,6 +240,90 @@ TEST_CASE("gemm_bf16_paged: the same bits however B is cut into pages, narrow pa
     }
 }
 
+TEST_CASE(
+    "gemm_bf16_paged: B packed once in the amx tiles' layout (pack_tile_pairs) holds the tiles' pairs and gives the "
+    "bits of B staged by each product") {
+  namespace ref = kvhead::reference;
+  std::vector<kernel_case> amx_kernels;
+  for (const kernel_case& kernels : kernels_to_test())
+    if (kernels.unit == bf16_unit::amx) amx_kernels.push_back(kernels);
+  if (!bf16_unit_runs_here(bf16_unit::amx))
+    MESSAGE("amx tile pairs run on the emulation only: " << bf16_unit_refusal(bf16_unit::amx));
+  std::mt19937 generator(43);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  struct shape {
+    std::size_t m, n, k, product_k;
+    bool along_k;
+  };
+  for (const shape& test : {shape{1, 33, 80, 80, false}, shape{40, 70, 17, 17, false}, shape{5, 1, 255, 255, true},
+                            shape{33, 128, 100, 61, true}, shape{3, 31, 128, 1, true}, shape{64, 64, 64, 64, true}}) {
+    CAPTURE(test.m);
+    CAPTURE(test.n);
+    CAPTURE(test.k);
+    CAPTURE(test.product_k);
+    std::vector<float> b_values(test.k * test.n), a(test.m * test.product_k);
+    for (float& x : b_values) x = normal(generator);  // not bf16 values: packing rounds them
+    for (float& x : a) x = normal(generator);
+    const packed_b fp32(test.k, test.n, {b_values.data(), test.n, transpose::no}, layout_path);
+    const std::size_t depth = (test.k + 31) / 32 * 32, panel_elements = depth * 32;
+    for (const kernel_case& kernels : amx_kernels) {
+      CAPTURE(kernels.name);
+      std::vector<bf16_bits> pairs(tile_pairs_elements(test.k, test.n), bf16_bits{0x7fc0});
+      REQUIRE(pairs.size() == (test.n + 31) / 32 * panel_elements);
+      pack_tile_pairs_with(*kernels.kernels, fp32.view(), pairs.data());
+      std::size_t wrong = 0;
+      for (std::size_t panel = 0; panel < (test.n + 31) / 32; ++panel)
+        for (std::size_t row = 0; row < depth; ++row)
+          for (std::size_t lane = 0; lane < 32; ++lane) {
+            const std::size_t col = panel * 32 + lane;
+            const std::uint16_t expected =
+                row < test.k && col < test.n ? ref::round_to_bf16(b_values[row * test.n + col]) : 0;
+            wrong += pairs[panel * panel_elements + (row / 2 * 32 + lane) * 2 + row % 2].bits != expected;
+          }
+      CHECK(wrong == 0);
+      const void* staged_page[] = {fp32.view().panels};
+      const void* packed_page[] = {pairs.data()};
+      const std::size_t page = test.along_k ? test.k : test.n;
+      const paged_b_view staged{staged_page, page, test.along_k, test.k, test.n, layout_path};
+      const paged_b_view packed{
+          packed_page, page, test.along_k, test.k, test.n, layout_path, kv_dtype::bf16, 0, panel_layout::tile_pairs};
+      std::vector<float> expected(test.m * test.n), got(test.m * test.n, std::numeric_limits<float>::quiet_NaN());
+      const gemm_operand a_rows{a.data(), test.product_k, transpose::no};
+      gemm_bf16_paged_with(*kernels.kernels, {test.m, test.n, test.product_k}, 0.5f, a_rows, staged, expected.data(),
+                           test.n);
+      gemm_bf16_paged_with(*kernels.kernels, {test.m, test.n, test.product_k}, 0.5f, a_rows, packed, got.data(),
+                           test.n);
+      CHECK(std::memcmp(expected.data(), got.data(), got.size() * sizeof(float)) == 0);
+    }
+  }
+  // Refused where the layout cannot be read, by name.
+  std::vector<float> a(64, 1.0f), c(64);
+  std::vector<bf16_bits> pairs(tile_pairs_elements(16, 4));
+  const void* pages[] = {pairs.data()};
+  const paged_b_view tile_pairs_b{pages, 16, true, 16, 4, layout_path, kv_dtype::bf16, 0, panel_layout::tile_pairs};
+  const gemm_operand a_rows{a.data(), 16, transpose::no};
+  CHECK_THROWS_WITH_AS(gemm_bf16_paged_with(emulated_bf16_paged_kernels(bf16_unit::avx512bf16), {2, 4, 16}, 1.0f,
+                                            a_rows, tile_pairs_b, c.data(), 4),
+                       doctest::Contains("pair layout needs the amx unit"), std::invalid_argument);
+  paged_b_view two_pages = tile_pairs_b;
+  two_pages.page = 8;
+  CHECK_THROWS_WITH_AS(gemm_bf16_paged_with(emulated_bf16_paged_kernels(bf16_unit::amx), {2, 4, 16}, 1.0f, a_rows,
+                                            two_pages, c.data(), 4),
+                       doctest::Contains("in one page"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(gemm({2, 4, 16}, 1.0f, a_rows, tile_pairs_b, 0.0f, c.data(), 4),
+                       doctest::Contains("pair layout"), std::invalid_argument);
+  const packed_b fp32(16, 4, {a.data(), 4, transpose::no}, simd_path::avx2);
+  CHECK_THROWS_WITH_AS(
+      pack_tile_pairs_with(emulated_bf16_paged_kernels(bf16_unit::avx512bf16), fp32.view(), pairs.data()),
+      doctest::Contains("needs the amx unit"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(pack_tile_pairs_with(emulated_bf16_paged_kernels(bf16_unit::amx), fp32.view(), pairs.data()),
+                       doctest::Contains("f32 panels of 32 columns (NR 1"), std::invalid_argument);
+  if (!gemm_bf16_paged_reads_tile_pairs())
+    CHECK_THROWS_WITH_AS(
+        pack_tile_pairs(packed_b(16, 4, {a.data(), 4, transpose::no}, layout_path).view(), pairs.data()),
+        doctest::Contains("not amx"), std::invalid_argument);
+}
+
 TEST_CASE("gemm_bf16_paged: bad arguments named, never a wrong answer") {
   std::vector<float> a(64, 1.0f), c(64);
   std::vector<std::uint32_t> page(4096, 0);

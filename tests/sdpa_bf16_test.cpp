@@ -267,3 +267,57 @@ TEST_CASE("bf16 SDPA: the public option, against f32 on a Llama-like shape, and 
                                                        out_view(untouched), options),
                   std::invalid_argument);
 }
+
+TEST_CASE(
+    "bf16 SDPA: a prefill's rows have the bits of the same rows asked one at a time (K and V staged once for many "
+    "query tiles, or by each product), also with Inf and NaN in V") {
+  // On amx tiles a prefill of several query tiles packs K and V in the tiles'
+  // layout once (pack_tile_pairs); a single query row takes the staging
+  // products. Head dims and lengths off the tiles' 32 and the 256-key chunk.
+  for (simd_path path : kvhead::supported_simd_paths())
+    for (const std::size_t head_dim : {std::size_t{80}, std::size_t{33}})
+      for (const bool non_finite : {false, true}) {
+        sdpa_setup setup;
+        setup.dims = {1, 4, 2, 300, 300, head_dim};
+        setup.causal = true;
+        setup.window = non_finite ? 0 : 270;
+        std::mt19937 generator(67 + head_dim);
+        sdpa_data data = make_data(setup, generator);
+        // Inf in V of kv head 1 (query heads 2 and 3), NaN in kv head 0's
+        // (query heads 0 and 1) just past the keys some rows of its chunk see.
+        const std::size_t inf_key = 150, nan_key = 290;
+        if (non_finite) {
+          data.v[(300 + inf_key) * head_dim + 5] = std::numeric_limits<float>::infinity();
+          data.v[nan_key * head_dim + 5] = std::numeric_limits<float>::quiet_NaN();
+        }
+        std::vector<float> whole;
+        kvhead::engine::flash_attention(make_problem(setup, data, whole, path, precision::bf16));
+        std::size_t compared = 0, non_finite_rows = 0;
+        for (std::size_t position = 0; position < setup.dims.q_len; position += 7) {
+          sdpa_setup one_row = setup;
+          one_row.dims.q_len = 1;
+          sdpa_data row_data = data;
+          row_data.q_view = head_tensor<const float>::bhsd(data.q.data() + position * head_dim, 4, 1, head_dim);
+          row_data.q_view.head_stride = setup.dims.q_len * head_dim;
+          row_data.q_offset = position;
+          std::vector<float> out;
+          kvhead::engine::flash_attention(make_problem(one_row, row_data, out, path, precision::bf16));
+          for (std::size_t head = 0; head < 4; ++head) {
+            const float* expected = whole.data() + (head * setup.dims.q_len + position) * head_dim;
+            const float* got = out.data() + head * head_dim;
+            INFO("path " << std::string(kvhead::to_string(path)) << " head_dim " << head_dim << " position " << position
+                         << " head " << head);
+            if (non_finite && position >= (head >= 2 ? inf_key : nan_key)) {  // not finite in place in both
+              ++non_finite_rows;
+              for (std::size_t i = 0; i < head_dim; ++i) CHECK(std::isfinite(got[i]) == std::isfinite(expected[i]));
+              CHECK(!std::isfinite(got[5]));
+            } else {
+              ++compared;
+              CHECK(std::memcmp(got, expected, head_dim * sizeof(float)) == 0);
+            }
+          }
+        }
+        CHECK(compared > 100);
+        CHECK(non_finite_rows == (non_finite ? 2 * ((300 - 154) / 7 + 1) + 2 * ((300 - 294) / 7 + 1) : 0));
+      }
+}

@@ -76,15 +76,22 @@ bool finite_element(float x) { return std::isfinite(x); }
 bool finite_element(bf16_bits x) { return (x.bits & 0x7f80) != 0x7f80; }
 bool finite_element(f16_bits x) { return (x.bits & 0x7c00) != 0x7c00; }
 
+// Element offset of (row, col) of a packed V (k x n) in its layout.
+std::size_t packed_offset(const packed_b_view& values, std::size_t row, std::size_t col) {
+  if (values.layout == panel_layout::tile_pairs) return tile_pairs_offset(values.k, row, col);
+  return pack_b_offset(gemm_config_for(values.path), values.k, values.n, row, col);
+}
+
 // True when the first `rows` rows of every panel of a packed V (k x n) are
 // finite (padding lanes included: they are written as zeros).
 template <class Element>
 bool all_finite_elements(const packed_b_view& values, std::size_t rows) {
   const std::size_t nr = gemm_config_for(values.path).nr;
-  for (std::size_t panel = 0; panel < ceil_div(values.n, nr); ++panel) {
-    const Element* start = static_cast<const Element*>(values.panels) + panel * values.k * nr;
-    for (std::size_t i = 0; i < rows * nr; ++i)
-      if (!finite_element(start[i])) return false;
+  for (std::size_t col = 0; col < values.n; col += nr) {
+    const Element* start = static_cast<const Element*>(values.panels) + packed_offset(values, 0, col);
+    for (std::size_t row = 0; row < rows; ++row)
+      for (std::size_t lane = 0; lane < nr; ++lane)
+        if (!finite_element(start[packed_offset(values, row, lane)])) return false;
   }
   return true;
 }
@@ -114,6 +121,8 @@ bool all_finite(const gemm_operand& values, std::size_t rows, std::size_t cols) 
 // User K and V of one (batch, kv head), chunk c's Kᵀ packed at keys +
 // c * key_floats (flash_attention packs them); V packed likewise, or read in
 // place when `values` is null.
+// Packed as fp32 panels (rounded in bf16 precision), or in bf16 precision on
+// amx tiles as bf16 in the tiles' layout (tile_pairs).
 struct user_kv_layout {
   const float* keys;
   std::size_t key_floats;
@@ -121,6 +130,8 @@ struct user_kv_layout {
   std::size_t value_floats;
   std::size_t first_chunk;    // the chunk packed first (none before it is read)
   const char* values_finite;  // per packed chunk: its V holds no NaN or Inf (with `values`)
+  kv_dtype element;
+  panel_layout layout;
 };
 
 class user_kv_source final : public kv_chunk_source {
@@ -130,16 +141,20 @@ class user_kv_source final : public kv_chunk_source {
       : packed_(packed), keys_(keys), v_(v), v_seq_stride_(v_seq_stride), head_dim_(head_dim), path_(path) {}
 
   std::size_t segment_keys() const override { return kv_chunk; }
-  kv_dtype element() const override { return kv_dtype::f32; }  // packed fp32 (rounded in bf16 precision)
+  kv_dtype element() const override { return packed_.element; }
 
   kv_segment segment(std::size_t chunk, std::size_t) const override {
     const std::size_t key0 = chunk * kv_chunk, width = std::min(kv_chunk, keys_ - key0);
     const std::size_t slot = chunk - packed_.first_chunk;
-    const packed_b_view keys{packed_.keys + slot * packed_.key_floats, head_dim_, width, path_};
+    const packed_b_view keys{
+        packed_.keys + slot * packed_.key_floats, head_dim_, width, path_, packed_.element, packed_.layout};
     if (packed_.values != nullptr)
-      return {keys,    {packed_.values + slot * packed_.value_floats, width, head_dim_, path_},
-              {},      nullptr,
-              nullptr, packed_.values_finite[slot] != 0};
+      return {keys,
+              {packed_.values + slot * packed_.value_floats, width, head_dim_, path_, packed_.element, packed_.layout},
+              {},
+              nullptr,
+              nullptr,
+              packed_.values_finite[slot] != 0};
     return {keys, {}, {v_ + key0 * v_seq_stride_, v_seq_stride_, transpose::no}};
   }
 
@@ -262,23 +277,28 @@ void gather_queries(const attention_tile& tile, float* q_rows) {
     }
 }
 
-// A copy of one packed V page (values.k rows x head_dim) whose first `rows`
-// rows are zeros (+0 in every element type), leased from `copy`: a P·V that
-// starts inside the page then meets p = 0 with v = 0 before its keys, whatever
-// V holds there. With rows = values.k, a page of zeros (the page is not read).
-const void* page_with_leading_zeros(const packed_b_view& values, std::size_t rows, std::optional<scratch_lease>& copy) {
+// A copy of one packed V page (values.k rows x head_dim) whose rows outside
+// `kept` are zeros (+0 in every element type), leased from `copy`: a P·V
+// over `kept` then meets p = 0 with v = 0 elsewhere in the page (before its
+// keys, and after them up to a whole tile in the tiles' layout), whatever V
+// holds there. With nothing kept, a page of zeros (the page is not read).
+const void* page_keeping_rows(const packed_b_view& values, key_span kept, std::optional<scratch_lease>& copy) {
   const gemm_config& config = gemm_config_for(values.path);
   const std::size_t bytes = element_bytes(values.element);
-  const std::size_t elements = packed_b_floats(config, values.k, values.n);
+  const std::size_t elements = values.layout == panel_layout::tile_pairs ? tile_pairs_elements(values.k, values.n)
+                                                                         : packed_b_floats(config, values.k, values.n);
   copy.emplace(ceil_div(elements * bytes, sizeof(float)));
   auto* const target = reinterpret_cast<std::byte*>(copy->data());
-  if (rows >= values.k) {
+  if (kept.count() == 0) {
     std::memset(target, 0, elements * bytes);
     return target;
   }
   std::memcpy(target, values.panels, elements * bytes);
   for (std::size_t col = 0; col < values.n; col += config.nr)
-    std::memset(target + pack_b_offset(config, values.k, values.n, 0, col) * bytes, 0, rows * config.nr * bytes);
+    for (std::size_t row = 0; row < values.k; ++row)
+      if (row < kept.begin || row >= kept.end)
+        for (std::size_t lane = 0; lane < config.nr; ++lane)
+          std::memset(target + packed_offset(values, row, col + lane) * bytes, 0, bytes);
   return target;
 }
 
@@ -340,7 +360,8 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
                                width - first_key,
                                first_keys.path,
                                first_keys.element,
-                               views[first_segment].key_row_stride};
+                               views[first_segment].key_row_stride,
+                               first_keys.layout};
   const gemm_operand queries{q_rows, head_dim, transpose::no};
   const quantized_rows quantized_queries = quantized_rows_at(a_quantization::int8, rows, head_dim, q_quantized);
   paged_product(kind, attention_product::scores, {rows, width - first_key, head_dim}, tile.scale, queries, keys_view,
@@ -439,14 +460,19 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     }
     std::optional<scratch_lease> zeros, copy;
     const void* pages[max_segments_per_chunk];
-    if (lead_pages > 0)
-      std::fill(pages, pages + lead_pages, page_with_leading_zeros(views[start].values, first_values.k, zeros));
+    if (lead_pages > 0) std::fill(pages, pages + lead_pages, page_keeping_rows(views[start].values, {0, 0}, zeros));
     std::copy(value_pages + start, value_pages + segments, pages + lead_pages);
-    const std::size_t hidden = keys.begin - start * segment_keys;  // rows of page `start` before the range
-    if (hidden > 0 && !views[start].values_finite && !all_finite(views[start].values, hidden))
-      pages[lead_pages] = page_with_leading_zeros(views[start].values, hidden, copy);
+    // Rows of page `start` the product reads outside the range: those
+    // before it, and in the tiles' layout (one page) those after it up to
+    // a whole tile.
+    const std::size_t page_first = start * segment_keys, hidden = keys.begin - page_first;
+    const bool reads_past_range = first_values.layout == panel_layout::tile_pairs;
+    if (!views[start].values_finite && (reads_past_range || (hidden > 0 && !all_finite(views[start].values, hidden))))
+      pages[lead_pages] =
+          page_keeping_rows(views[start].values, {hidden, std::min(first_values.k, keys.end - page_first)}, copy);
     const paged_b_view values{
-        pages, first_values.k, true, keys.end - from, head_dim, first_values.path, first_values.element};
+        pages, first_values.k,     true, keys.end - from, head_dim, first_values.path, first_values.element,
+        0,     first_values.layout};
     paged_product(kind, attention_product::values, shape, 1.0f, probabilities, values, target, head_dim);
   };
   auto values_finite = [&] {
@@ -799,32 +825,50 @@ void flash_attention(const attention_problem& problem) {
   // read V packed (gemm_bf16_paged), whose pairs of keys then start at even
   // positions of the chunk whatever a row sees. Rounding K, V and q again
   // after a layer's rounding took about 3% of S3_mha_layer_bf16 (Xeon, perf).
+  // On amx tiles, with several query tiles per (batch, kv head), the fp32
+  // panels are then staged here once into the tiles' own layout
+  // (pack_tile_pairs), not by every tile's products again: the same bits.
+  // Xeon, S2_prefill_gqa_causal_bf16: staging took about a fifth of the run.
   const bool bf16_precision = problem.precision == kvhead::precision::bf16;
   const bool round_kv = bf16_precision && !problem.inputs_rounded;
   const bool pack_values = dims.q_len > positions || bf16_precision;
+  const bool tile_pairs =
+      bf16_precision && dims.q_len > positions && gemm_bf16_paged_reads_tile_pairs() &&
+      attention_products(problem.precision, problem.path, kv_dtype::bf16, dims.head_dim) == product_kind::bf16;
   const gemm_config& config = gemm_config_for(problem.path);
-  const std::size_t key_floats = packed_b_floats(config, dims.head_dim, kv_chunk);
-  const std::size_t value_floats = pack_values ? packed_b_floats(config, kv_chunk, dims.head_dim) : 0;
+  auto slot_floats = [&](std::size_t k, std::size_t n) {
+    return tile_pairs ? ceil_div(tile_pairs_elements(k, n), 2) : packed_b_floats(config, k, n);
+  };
+  const std::size_t key_floats = slot_floats(dims.head_dim, kv_chunk);
+  const std::size_t value_floats = pack_values ? slot_floats(kv_chunk, dims.head_dim) : 0;
   const scratch_lease packed_keys(work->packs.size() * key_floats), packed_values(work->packs.size() * value_floats);
   auto head_rows = [&](const head_tensor<const float>& tensor, std::size_t index) {
     return tensor.data + index / dims.num_kv_heads * tensor.batch_stride +
            index % dims.num_kv_heads * tensor.head_stride;
   };
+  // op(B) (k x n) packed into a slot, rounded when asked; the view of it.
+  auto pack_slot = [&](gemm_operand from, std::size_t k, std::size_t n, float* slot) {
+    const std::size_t fp32_floats = packed_b_floats(config, k, n);
+    const scratch_lease staging(tile_pairs ? fp32_floats : 0);
+    float* const fp32 = tile_pairs ? staging.data() : slot;
+    pack_operand(from, k, n, config, fp32);
+    if (round_kv) round_floats_to_bf16(fp32, fp32, fp32_floats, problem.path);
+    if (!tile_pairs) return packed_b_view{slot, k, n, problem.path};
+    pack_tile_pairs({fp32, k, n, problem.path}, reinterpret_cast<bf16_bits*>(slot));
+    return packed_b_view{slot, k, n, problem.path, kv_dtype::bf16, panel_layout::tile_pairs};
+  };
   work->values_finite.assign(work->packs.size(), 0);
   run_indices(work->packs.size(), [&](std::size_t task) {
     const auto [index, chunk] = work->packs[task];
     const std::size_t key0 = chunk * kv_chunk, width = std::min(kv_chunk, work->keys_seen[index] - key0);
-    float* const keys = packed_keys.data() + task * key_floats;
-    pack_operand({head_rows(problem.k, index) + key0 * problem.k.seq_stride, problem.k.seq_stride, transpose::yes},
-                 dims.head_dim, width, config, keys);
-    if (round_kv) round_floats_to_bf16(keys, keys, key_floats, problem.path);
+    pack_slot({head_rows(problem.k, index) + key0 * problem.k.seq_stride, problem.k.seq_stride, transpose::yes},
+              dims.head_dim, width, packed_keys.data() + task * key_floats);
     if (pack_values) {
-      float* const values = packed_values.data() + task * value_floats;
-      pack_operand({head_rows(problem.v, index) + key0 * problem.v.seq_stride, problem.v.seq_stride, transpose::no},
-                   width, dims.head_dim, config, values);
-      if (round_kv) round_floats_to_bf16(values, values, value_floats, problem.path);
+      const packed_b_view values =
+          pack_slot({head_rows(problem.v, index) + key0 * problem.v.seq_stride, problem.v.seq_stride, transpose::no},
+                    width, dims.head_dim, packed_values.data() + task * value_floats);
       // Once here, not per tile: the P·V of the causal diagonal asks.
-      work->values_finite[task] = all_finite(packed_b_view{values, width, dims.head_dim, problem.path}, width);
+      work->values_finite[task] = all_finite(values, width);
     }
   });
   work->sources.clear();
@@ -835,7 +879,9 @@ void flash_attention(const attention_problem& problem) {
                                 pack_values ? packed_values.data() + slot * value_floats : nullptr,
                                 value_floats,
                                 work->chunk_from[index],
-                                work->values_finite.data() + slot};
+                                work->values_finite.data() + slot,
+                                tile_pairs ? kv_dtype::bf16 : kv_dtype::f32,
+                                tile_pairs ? panel_layout::tile_pairs : panel_layout::rows};
     work->sources.emplace_back(packed, work->keys_seen[index], head_rows(problem.v, index), problem.v.seq_stride,
                                dims.head_dim, problem.path);
   }

@@ -134,14 +134,20 @@ void emulated_tile_rows(const bf16_bits* a, std::size_t rows, const bf16_bits* s
   }
 }
 
-// The amx unit's staged paged kernel: with `stage`, the whole panel staged
-// first (its groups' values do not depend on when), then the tiles.
+// The amx unit's staged paged kernel: with stage_into, the whole panel
+// staged first (its groups' values do not depend on when), then the tiles.
 template <class Element, std::size_t Rows>
 void emulated_staged(const bf16_staged_params& params) {
-  if (params.stage)
+  if (params.stage_into != nullptr)
     emulated_stage<Element>(params.b_pages, params.page_rows, params.depth, params.b_row_stride, params.cols,
-                            params.pairs, params.staged);
-  emulated_tile_rows(params.a, Rows, params.staged, params.pairs, params.cols, params.alpha, params.c, params.ldc);
+                            params.pairs, params.stage_into);
+  emulated_tile_rows(params.a, Rows, params.panel, params.pairs, params.cols, params.alpha, params.c, params.ldc);
+}
+
+// The amx unit's staging of a whole fp32 panel (bf16_stage_panel_function).
+void emulated_stage_panel(const float* rows, std::size_t depth, std::size_t pairs, bf16_bits* to) {
+  const void* const pages[1] = {rows};
+  emulated_stage<float>(pages, 2 * pairs, depth, 32, 32, pairs, to);
 }
 
 // The amx unit's FMA form: the tiles' sums (bf16_paged_params, a_row_stride
@@ -231,7 +237,10 @@ const bf16_paged_kernels& emulated_bf16_paged_kernels(bf16_unit unit) {
                                       {fma_f32.data(), fma_bf16.data(), fma_f16.data(), nullptr},
                                       emulated_convert_rows,
                                       {staged_f32.data(), staged_bf16.data(), staged_f16.data(), nullptr},
-                                      16};
+                                      16,
+                                      nullptr,
+                                      nullptr,
+                                      &emulated_stage_panel};
   return unit == bf16_unit::amx ? amx : avx512bf16;
 }
 

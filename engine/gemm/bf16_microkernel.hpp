@@ -159,24 +159,26 @@ using bf16_paged_function = void (*)(const bf16_paged_params&);
 // A        bf16 tile rows: row r, k at a[r * 2 * pairs + k], zero past the
 //          depth; rows up to a whole tile of 16 are read (zero or not:
 //          their sums are not stored).
-// B        one 32-column panel as bf16_paged_params says (pages, rounding,
-//          its first `cols` columns, `depth` rows), in the packed layout
-//          [pairs][32][2] of gemm_bf16 at `staged` (16 KiB at KC: in L1),
-//          zero past them up to 32 columns and 2 * pairs rows. With `stage`,
-//          each group of 16 pairs is converted there from the pages just
-//          before its tiles load it; without, the call reads the panel an
-//          earlier call staged (the first of the panel's row blocks stages
-//          it for the others).
+// B        one 32-column panel in the packed layout [pairs][32][2] of
+//          gemm_bf16 at `panel` (16 KiB at KC: in L1), its first `cols`
+//          columns and `depth` rows as bf16_paged_params says (pages,
+//          rounding), zero past them up to 32 columns and 2 * pairs rows.
+//          With stage_into (== panel), each group of 16 pairs is converted
+//          there from the pages just before its tiles load it; without, the
+//          call reads a panel staged by an earlier call (the first of the
+//          panel's row blocks stages it for the others) or packed so
+//          beforehand (pack_tile_pairs; its rows past `depth` are then read
+//          too, against A's zeros: they must be finite).
 // pairs    a multiple of 16 (one tdpbf16ps's k): groups of 32 k from the
 //          first row, so a product's bits follow its depth's alignment.
 struct bf16_staged_params {
   const bf16_bits* a;
-  bf16_bits* staged;
+  const bf16_bits* panel;
+  bf16_bits* stage_into;  // null, or panel itself
   std::size_t pairs, cols;
   float alpha;
   float* c;
   std::size_t ldc;
-  bool stage;
   const void* const* b_pages;
   std::size_t page_rows, depth, b_row_stride;
   stream_prefetch prefetch{};
@@ -209,16 +211,21 @@ inline constexpr std::size_t amx_fma_mr = 4;
 /// staged[e][rows - 1] for rows 1..amx_mr (products of more than mr rows);
 /// amx's depths padded to a multiple of 2 * pair_multiple, begin_product /
 /// end_product run around a product on its thread (MXCSR, the tile
-/// configuration); and the conversion of A's fp32 rows to bf16 rows (as
-/// bf16_kernels').
+/// configuration); the conversion of A's fp32 rows to bf16 rows (as
+/// bf16_kernels'); amx's staging of a whole fp32 panel (pack_tile_pairs).
+/// amx's stage_panel: `depth` fp32 rows of a 32-column panel (row r at
+/// rows + 32 r) into [pairs][32][2] at `to` as the staged kernels stage them,
+/// zero past the depth (pack_tile_pairs).
+using bf16_stage_panel_function = void (*)(const float* rows, std::size_t depth, std::size_t pairs, bf16_bits* to);
 struct bf16_paged_kernels {
   std::size_t mr;
   const bf16_paged_function* by_element[stored_dtype_count];
   bf16_convert_rows_function convert_rows;
   const bf16_staged_function* staged[stored_dtype_count] = {};
   std::size_t pair_multiple = 1;
-  unsigned int (*begin_product)(std::size_t rows) = nullptr;  // rows: the product's m; returns end_product's state
-  void (*end_product)(std::size_t rows, unsigned int state) = nullptr;
+  unsigned int (*begin_product)(bool on_tiles) = nullptr;  // returns end_product's state
+  void (*end_product)(bool on_tiles, unsigned int state) = nullptr;
+  bf16_stage_panel_function stage_panel = nullptr;
 };
 
 /// The hardware paged kernels (kernels_avx512bf16.cpp, kernels_amx.cpp;
@@ -230,5 +237,9 @@ const bf16_paged_kernels& amx_paged_kernels();
 /// for the emulation; the checks of gemm_bf16_paged except where it runs.
 void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, float alpha, gemm_operand a,
                           const paged_b_view& b, float* c, std::size_t ldc);
+
+/// pack_tile_pairs (gemm_bf16.hpp) through the given kernels' stage_panel
+/// (amx's, or its emulation), on any CPU for the emulation.
+void pack_tile_pairs_with(const bf16_paged_kernels& kernels, const packed_b_view& from, bf16_bits* to);
 
 }  // namespace kvhead::engine

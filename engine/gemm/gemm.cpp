@@ -528,7 +528,10 @@ namespace {
 
 // The checks of a GEMM whose B (b_k x b_n) was laid out beforehand.
 void validate_fixed_b(const char* kind, gemm_shape shape, gemm_operand a, std::size_t b_k, std::size_t b_n,
-                      const float* c, std::size_t ldc) {
+                      panel_layout layout, const float* c, std::size_t ldc) {
+  engine::require(layout == panel_layout::rows, [&] {
+    return std::string("gemm: the ") + kind + " B is in the amx tiles' pair layout, which only gemm_bf16_paged reads";
+  });
   engine::require(shape.k <= b_k && shape.n <= b_n, [&] {
     return std::string("gemm: the block ") + std::to_string(shape.k) + " x " + std::to_string(shape.n) +
            " exceeds the " + kind + " B (" + std::to_string(b_k) + " x " + std::to_string(b_n) + ")";
@@ -541,7 +544,7 @@ void validate_fixed_b(const char* kind, gemm_shape shape, gemm_operand a, std::s
 
 void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float beta, float* c, std::size_t ldc,
           a_rounding rounding) {
-  validate_fixed_b("packed", shape, a, b.k, b.n, c, ldc);
+  validate_fixed_b("packed", shape, a, b.k, b.n, b.layout, c, ldc);
   const gemm_config& config = gemm_config_for(b.path);
   const std::size_t element_size = element_bytes(b.element);
   // Packed block k0 / KC starts at element k0 * round_up(b.n, NR); its
@@ -557,7 +560,7 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float 
 
 void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float beta, float* c, std::size_t ldc,
           a_rounding rounding) {
-  validate_fixed_b("paged", shape, a, b.k, b.n, c, ldc);
+  validate_fixed_b("paged", shape, a, b.k, b.n, b.layout, c, ldc);
   const gemm_config& config = gemm_config_for(b.path);
   engine::require(narrow_pages_valid(b, config.nr), [&] {
     return "gemm: narrow pages need to be column pages of fewer than NR (" + std::to_string(config.nr) +

@@ -61,11 +61,17 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
 /// such as a KV cache, whose elements may be bf16, f16 or int8
 /// (stored_element.hpp): the micro-kernel widens them to fp32 as it loads
 /// them, and computes as if B held the widened values.
+/// layout tile_pairs (bf16 elements, read by the amx unit's paged products
+/// only: gemm_bf16.hpp): instead the ceil(n / 32) panels of the amx tiles'
+/// [pairs][32][2] layout (k <= KC, padded with zero rows to a multiple of
+/// 32: tile_pairs_offset), the fp32 panels staged once for many products.
+enum class panel_layout { rows, tile_pairs };
 struct packed_b_view {
   const void* panels;
   std::size_t k, n;
   simd_path path;
   kv_dtype element = kv_dtype::f32;
+  panel_layout layout = panel_layout::rows;
 };
 
 /// Element offset of element (row, col) of op(B) in the packed layout of a
@@ -117,6 +123,8 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, packed_b_view b, float 
 /// kernels (microkernel.hpp); wider narrow pages read whole NR-wide rows,
 /// so the page's last row reads up to NR - narrow_row_stride elements past
 /// it, which must be readable memory (they only reach columns never used).
+/// layout tile_pairs: every page in packed_b_view's tile_pairs layout (all
+/// of k in one page: gemm_bf16_paged's amx tiles only).
 struct paged_b_view {
   const void* const* pages;
   std::size_t page;
@@ -125,6 +133,7 @@ struct paged_b_view {
   simd_path path;
   kv_dtype element = kv_dtype::f32;
   std::size_t narrow_row_stride = 0;
+  panel_layout layout = panel_layout::rows;
 };
 
 /// Whether b's narrow pages, if any, are as paged_b_view says (column pages

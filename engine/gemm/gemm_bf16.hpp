@@ -29,6 +29,7 @@
 // their results differ in the last bits.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 
@@ -132,7 +133,8 @@ void gemm_bf16(gemm_shape shape, gemm_operand a, const packed_bf16_b& b, float b
 /// are bf16 already (attention's rounded q, k, v and p) are exact. Sum: the
 /// active unit's (bf16_microkernel.hpp): avx512bf16's in pairs of k from
 /// k = 0, amx's in tiles of 32 k from k = 0 (each B panel staged in L1 in
-/// the tiles' layout first), on across the pages of a B paged along k. On one machine C(i, j) depends
+/// the tiles' layout first, unless B comes in it: panel_layout::tile_pairs,
+/// amx only), on across the pages of a B paged along k. On one machine C(i, j) depends
 /// only on row i of A and column j of B: bit-identical however the rows,
 /// columns and pages are cut. Runs on the calling thread. Throws
 /// std::invalid_argument naming the problem for bad arguments or when
@@ -154,6 +156,36 @@ bool gemm_bf16_paged_runs(simd_path path, kv_dtype element);
 /// kernels, which also keep q unrounded: Xeon, S1 and S5 over a bf16 cache
 /// in f32 precision, 2 alternations; so only bf16 precision takes it.)
 bool bf16_paged_products_chosen(simd_path path, kv_dtype element, kvhead::precision precision);
+
+/// packed_b_view's tile_pairs layout (gemm.hpp) of a k x n operand: panels
+/// of 32 columns, each tile_pairs_depth(k) rows as [pairs][32][2] (element
+/// (row, col) at tile_pairs_offset), zero past k and n: gemm_bf16_paged's
+/// B panels as the amx tiles load them, packed once for many products
+/// (pack_tile_pairs) instead of staged by each product.
+inline constexpr std::size_t tile_pairs_k_step = 32;  // one tdpbf16ps: 16 pairs
+inline std::size_t tile_pairs_depth(std::size_t k) {
+  return std::max<std::size_t>(1, (k + tile_pairs_k_step - 1) / tile_pairs_k_step) * tile_pairs_k_step;
+}
+inline std::size_t tile_pairs_offset(std::size_t k, std::size_t row, std::size_t col) {
+  return col / bf16_nr * tile_pairs_depth(k) * bf16_nr + (row / 2 * bf16_nr + col % bf16_nr) * 2 + row % 2;
+}
+inline std::size_t tile_pairs_elements(std::size_t k, std::size_t n) {
+  return std::max<std::size_t>(1, (n + bf16_nr - 1) / bf16_nr) * tile_pairs_depth(k) * bf16_nr;
+}
+
+/// Whether gemm_bf16_paged reads B in the tile_pairs layout here: the
+/// active unit is amx.
+bool gemm_bf16_paged_reads_tile_pairs();
+
+/// A packed fp32 operand (`from`: packed_b_view's rows layout on a path of
+/// NR 32, k <= KC, f32 elements, its padding columns zero as pack_b writes
+/// them) into the tile_pairs layout at `to`
+/// (tile_pairs_elements(from.k, from.n)), each element converted as the amx
+/// unit stages it (vcvtne2ps2bf16: to nearest even, subnormal fp32 read as
+/// zero), so a product over `to` has the bits of one over `from`. Requires
+/// gemm_bf16_paged_reads_tile_pairs(); throws std::invalid_argument
+/// otherwise or for a bad operand.
+void pack_tile_pairs(const packed_b_view& from, bf16_bits* to);
 
 /// How many k gemm_bf16_paged sums as one group here, from B's first row
 /// on (2 on vdpbf16ps: pairs; 32 on amx tiles: a tdpbf16ps): two products

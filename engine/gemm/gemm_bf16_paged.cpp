@@ -51,9 +51,11 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
                           const paged_b_view& b, float* c, std::size_t ldc) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k, element = static_cast<std::size_t>(b.element);
   check_paged_product("gemm_bf16_paged", shape, a, b, c, ldc, 2, kernels.by_element[element] != nullptr,
-                      "f32, bf16 or f16");
-  // amx: products of many rows on the tiles, of few on their FMA form.
-  const bf16_staged_function* const staged = m > kernels.mr ? kernels.staged[element] : nullptr;
+                      "f32, bf16 or f16", kernels.staged[element] != nullptr);
+  // amx: products of many rows on the tiles, of few on their FMA form (the
+  // same bits), but B packed in the tiles' layout always on the tiles.
+  const bool tile_pairs = b.layout == panel_layout::tile_pairs;
+  const bf16_staged_function* const staged = m > kernels.mr || tile_pairs ? kernels.staged[element] : nullptr;
   if (m == 0 || n == 0) return;
   // A's bf16 rows, zero past the depth up to a whole group of the unit's k;
   // the staged kernels' tiles read whole tiles of rows: zero rows up to a
@@ -75,24 +77,26 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
   // amx: MXCSR and the tiles set for the product (bf16_paged_kernels).
   struct product_scope {
     const bf16_paged_kernels& kernels;
-    std::size_t rows;
-    unsigned int state = kernels.begin_product != nullptr ? kernels.begin_product(rows) : 0;
+    bool on_tiles;
+    unsigned int state = kernels.begin_product != nullptr ? kernels.begin_product(on_tiles) : 0;
     ~product_scope() {
-      if (kernels.end_product != nullptr) kernels.end_product(rows, state);
+      if (kernels.end_product != nullptr) kernels.end_product(on_tiles, state);
     }
-  } scope{kernels, m};
+  } scope{kernels, staged != nullptr};
   if (staged != nullptr) {
     // Each panel staged (in L1) by its first row block's call as it goes,
-    // read from there by the other row blocks' calls.
+    // read from there by the other row blocks' calls; or read where it was
+    // packed in the tiles' layout.
     const std::size_t pairs = a_ld / 2;
-    scratch_lease staging(pairs * bf16_nr);  // [pairs][32][2] bf16
-    auto* const panel = reinterpret_cast<bf16_bits*>(staging.data());
+    scratch_lease staging(tile_pairs ? 0 : pairs * bf16_nr);  // [pairs][32][2] bf16
+    auto* const staging_panel = reinterpret_cast<bf16_bits*>(staging.data());
     for_each_paged_panel(
         b, k, n, [&](const void* const* rows_of_panel, std::size_t page_rows, std::size_t col, std::size_t cols) {
+          const bf16_bits* const panel = tile_pairs ? static_cast<const bf16_bits*>(rows_of_panel[0]) : staging_panel;
           for (std::size_t row0 = 0; row0 < m; row0 += amx_mr)
-            staged[std::min(amx_mr, m - row0) - 1]({a_rows + row0 * a_ld, panel, pairs, cols, alpha,
-                                                    c + row0 * ldc + col, ldc, row0 == 0, rows_of_panel, page_rows, k,
-                                                    paged_row_stride(b), prefetch});
+            staged[std::min(amx_mr, m - row0) - 1](
+                {a_rows + row0 * a_ld, panel, !tile_pairs && row0 == 0 ? staging_panel : nullptr, pairs, cols, alpha,
+                 c + row0 * ldc + col, ldc, rows_of_panel, page_rows, k, paged_row_stride(b), prefetch});
         });
     return;
   }
@@ -125,6 +129,29 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
                                               false, false, prefetch});
                          }
                        });
+}
+
+bool gemm_bf16_paged_reads_tile_pairs() { return active_bf16_unit() == bf16_unit::amx; }
+
+void pack_tile_pairs_with(const bf16_paged_kernels& kernels, const packed_b_view& from, bf16_bits* to) {
+  const gemm_config& config = gemm_config_for(from.path);
+  engine::require(kernels.stage_panel != nullptr && from.layout == panel_layout::rows &&
+                      from.element == kv_dtype::f32 && config.nr == bf16_nr && from.k <= config.kc,
+                  [&] {
+                    return "pack_tile_pairs: needs the amx unit's kernels and f32 panels of 32 columns (NR " +
+                           std::to_string(config.nr) + ") and k at most KC (" + std::to_string(from.k) + ")";
+                  });
+  const std::size_t pairs = tile_pairs_depth(from.k) / 2;
+  for (std::size_t col = 0; col < from.n; col += bf16_nr)
+    kernels.stage_panel(static_cast<const float*>(from.panels) + pack_b_offset(config, from.k, from.n, 0, col), from.k,
+                        pairs, to + tile_pairs_offset(from.k, 0, col));
+}
+
+void pack_tile_pairs(const packed_b_view& from, bf16_bits* to) {
+  engine::require(gemm_bf16_paged_reads_tile_pairs(), [] {
+    return std::string("pack_tile_pairs: the active bf16 unit is ") + to_string(active_bf16_unit()) + ", not amx";
+  });
+  pack_tile_pairs_with(amx_paged_kernels(), from, to);
 }
 
 void gemm_bf16_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc) {

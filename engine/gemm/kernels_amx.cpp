@@ -63,15 +63,15 @@ void load_tile_config() { _tile_loadconfig(&full_tiles); }
 // Around a paged product (bf16_paged_kernels::begin_product, end_product):
 // MXCSR's DAZ and FTZ set as the tiles flush, for the FMA form's sums and
 // both forms' C = alpha * acc; on tiles, their configuration.
-unsigned int begin_paged_product(std::size_t rows) {
+unsigned int begin_paged_product(bool on_tiles) {
   const unsigned int mxcsr = _mm_getcsr();
   _mm_setcsr(mxcsr | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6)
-  if (rows > amx_fma_mr) load_tile_config();
+  if (on_tiles) load_tile_config();
   return mxcsr;
 }
 
-void end_paged_product(std::size_t rows, unsigned int mxcsr) {
-  if (rows > amx_fma_mr) _tile_release();
+void end_paged_product(bool on_tiles, unsigned int mxcsr) {
+  if (on_tiles) _tile_release();
   _mm_setcsr(mxcsr);
 }
 
@@ -147,40 +147,56 @@ void tile_kernel(const bf16_microkernel_params& params) {
   }
 }
 
-// The staged paged kernel (bf16_staged_params): with `stage`, each group's
-// 16 pairs of panel rows are read through the pages (pair_loads: rounded
-// by vcvtne2ps2bf16, in memory order) and stored at `staged` just before
-// the group's tiles load them; then C = alpha * acc over `cols` columns.
+// Pairs [first_pair, first_pair + 16) of a panel into the tiles' layout at
+// `target` ([16][32][2]): its rows read through the pages (pair_loads:
+// rounded by vcvtne2ps2bf16, in memory order), zero from `depth` on.
+template <class Element, bool Whole>
+[[gnu::always_inline]] inline void stage_group(pair_rows<Element>& rows, std::size_t first_pair, std::size_t depth,
+                                               __mmask16 low, __mmask16 high, stream_prefetch prefetch,
+                                               bf16_bits* target) {
+  for (std::size_t k = 2 * first_pair; k < 2 * (first_pair + 16); k += 2, target += 2 * bf16_nr) {
+    __m512i pairs[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    if (k < depth) {
+      const Element* const even = rows.next();
+      panel_rows::prefetch_ahead(even, 2 * rows.stride * sizeof(Element), prefetch);
+      pair_loads::load_pairs_in_order<Element, Whole>(even, k + 1 < depth ? even + rows.stride : nullptr, low, high,
+                                                      pairs);
+    }
+    _mm512_storeu_si512(target, pairs[0]);
+    _mm512_storeu_si512(target + bf16_nr, pairs[1]);
+  }
+}
+
+// The staged paged kernel (bf16_staged_params): with stage_into, each
+// group's 16 pairs of panel rows staged there (stage_group) just before the
+// group's tiles load them; then C = alpha * acc over `cols` columns.
 // Whole: the panel has all 32 columns.
 template <class Element, std::size_t Rows, bool Whole>
 void staged_tile(const bf16_staged_params& params) {
   const __mmask32 lanes = panel_rows::first_lanes(params.cols);
   const auto low = __mmask16(lanes), high = __mmask16(lanes >> 16);
-  const std::size_t stride = params.b_row_stride;
-  pair_rows<Element> rows{params.b_pages, params.page_rows, stride};
+  pair_rows<Element> rows{params.b_pages, params.page_rows, params.b_row_stride};
   auto stage = [&](std::size_t first_pair) {
-    if (!params.stage) return;
-    bf16_bits* target = params.staged + first_pair * 2 * bf16_nr;
-    for (std::size_t k = 2 * first_pair; k < 2 * (first_pair + 16); k += 2, target += 2 * bf16_nr) {
-      __m512i pairs[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-      if (k < params.depth) {
-        const Element* const even = rows.next();
-        panel_rows::prefetch_ahead(even, 2 * stride * sizeof(Element), params.prefetch);
-        pair_loads::load_pairs_in_order<Element, Whole>(even, k + 1 < params.depth ? even + stride : nullptr, low, high,
-                                                        pairs);
-      }
-      _mm512_storeu_si512(target, pairs[0]);
-      _mm512_storeu_si512(target + bf16_nr, pairs[1]);
-    }
+    if (params.stage_into != nullptr)
+      stage_group<Element, Whole>(rows, first_pair, params.depth, low, high, params.prefetch,
+                                  params.stage_into + first_pair * 2 * bf16_nr);
   };
   alignas(64) float acc[amx_mr][bf16_nr];
-  tile_sums<Rows>(params.a, params.staged, params.pairs, acc, stage);
+  tile_sums<Rows>(params.a, params.panel, params.pairs, acc, stage);
   const __m512 alpha = _mm512_set1_ps(params.alpha);
   for (std::size_t row = 0; row < Rows; ++row) {
     float* const c = params.c + row * params.ldc;
     _mm512_mask_storeu_ps(c, low, _mm512_mul_ps(alpha, _mm512_load_ps(&acc[row][0])));
     _mm512_mask_storeu_ps(c + 16, high, _mm512_mul_ps(alpha, _mm512_load_ps(&acc[row][16])));
   }
+}
+
+// A whole fp32 panel staged ahead of its products (bf16_stage_panel_function).
+void stage_panel(const float* panel_rows, std::size_t depth, std::size_t pairs, bf16_bits* to) {
+  const void* const pages[1] = {panel_rows};
+  pair_rows<float> rows{pages, 2 * pairs, bf16_nr};
+  for (std::size_t first_pair = 0; first_pair < pairs; first_pair += 16)
+    stage_group<float, true>(rows, first_pair, depth, 0xffff, 0xffff, {}, to + first_pair * 2 * bf16_nr);
 }
 
 template <class Element, std::size_t Rows>
@@ -334,7 +350,8 @@ const bf16_paged_kernels& amx_paged_kernels() {
                                         {staged_f32.data(), staged_bf16.data(), staged_f16.data(), nullptr},
                                         16,
                                         &begin_paged_product,
-                                        &end_paged_product};
+                                        &end_paged_product,
+                                        &stage_panel};
   return table;
 }
 

@@ -12,6 +12,7 @@
 #include "engine/arch/scratch.hpp"
 #include "engine/gemm/driver_support.hpp"
 #include "engine/gemm/gemm.hpp"
+#include "engine/gemm/gemm_bf16.hpp"
 #include "engine/gemm/pack.hpp"
 #include "engine/gemm/stored_element.hpp"
 
@@ -30,13 +31,22 @@ inline constexpr std::size_t max_pages_along_k = gemm_kc / 2;
 /// narrow pages (paged_b_view::narrow_row_stride) only as column pages of
 /// fewer than 32 columns, their stride at least the page's width, and
 /// `element_ok` (B's element type is one the kernels take, as `elements`
-/// says). Throws std::invalid_argument naming the problem.
+/// says); B in the tile_pairs layout only where `tile_pairs_read`, bf16,
+/// in one page along k and with no narrow pages. Throws
+/// std::invalid_argument naming the problem.
 inline void check_paged_product(const char* name, gemm_shape shape, gemm_operand a, const paged_b_view& b,
                                 const float* c, std::size_t ldc, std::size_t page_rows_multiple, bool element_ok,
-                                const char* elements) {
+                                const char* elements, bool tile_pairs_read = false) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k;
   validate_operand("A", a, m, k);
   validate_c(c, ldc, m, n);
+  engine::require(b.layout == panel_layout::rows || (tile_pairs_read && b.element == kv_dtype::bf16 &&
+                                                     b.narrow_row_stride == 0 && (!b.along_k || k <= b.page)),
+                  [&] {
+                    return std::string(name) +
+                           ": B in the amx tiles' pair layout needs the amx unit, bf16 elements, all of k (" +
+                           std::to_string(k) + ") in one page (" + std::to_string(b.page) + ") and no narrow pages";
+                  });
   const gemm_config& config = gemm_config_for(b.path);
   engine::require(
       a.trans == transpose::no && k <= b.k && n <= b.n && config.nr == paged_panel_columns && config.kc == gemm_kc &&
@@ -65,6 +75,8 @@ inline std::size_t paged_row_stride(const paged_b_view& b) {
 /// narrow page: col 0).
 inline const void* paged_panel(const paged_b_view& b, std::size_t page, std::size_t col) {
   const std::size_t page_k = b.along_k ? b.page : b.k;
+  if (b.layout == panel_layout::tile_pairs)
+    return static_cast<const bf16_bits*>(b.pages[page]) + tile_pairs_offset(page_k, 0, col);
   return static_cast<const std::byte*>(b.pages[page]) + col * std::min(gemm_kc, page_k) * element_bytes(b.element);
 }
 
