@@ -83,15 +83,19 @@ std::size_t packed_offset(const packed_b_view& values, std::size_t row, std::siz
 }
 
 // True when the first `rows` rows of every panel of a packed V (k x n) are
-// finite (padding lanes included: they are written as zeros).
+// finite (padding lanes included: they are written as zeros). Whole rows
+// (rows layout) or pairs of rows (tile_pairs) lie one after the other.
 template <class Element>
 bool all_finite_elements(const packed_b_view& values, std::size_t rows) {
   const std::size_t nr = gemm_config_for(values.path).nr;
+  const bool pairs = values.layout == panel_layout::tile_pairs;
+  const std::size_t leading = pairs ? rows / 2 * 2 : rows;  // rows in whole pairs
   for (std::size_t col = 0; col < values.n; col += nr) {
     const Element* start = static_cast<const Element*>(values.panels) + packed_offset(values, 0, col);
-    for (std::size_t row = 0; row < rows; ++row)
-      for (std::size_t lane = 0; lane < nr; ++lane)
-        if (!finite_element(start[packed_offset(values, row, lane)])) return false;
+    for (std::size_t i = 0; i < leading * nr; ++i)
+      if (!finite_element(start[i])) return false;
+    for (std::size_t lane = 0; lane < (rows > leading ? nr : 0); ++lane)  // the even row of the last pair
+      if (!finite_element(start[packed_offset(values, leading, lane)])) return false;
   }
   return true;
 }
