@@ -324,6 +324,51 @@ TEST_CASE(
         doctest::Contains("not amx"), std::invalid_argument);
 }
 
+TEST_CASE("gemm_bf16_paged: rows converted beforehand are read instead of A, with the bits of converting it there") {
+  std::mt19937 generator(11);
+  const std::size_t n = 70, k = 100;
+  for (const std::size_t m : {std::size_t{3}, std::size_t{40}}) {  // amx: the FMA form and the tiles
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> a(m * k), other(m * k);
+    for (float& x : a) x = normal(generator);
+    for (float& x : other) x = normal(generator);
+    const stored_matrix b = draw_b(k, n, kv_dtype::bf16, generator);
+    for (const bool along_k : {false, true}) {
+      const paged_matrix paged = page_b(b, k, n, along_k ? 32 : n, along_k, kv_dtype::bf16);
+      for (const kernel_case& kernels : kernels_to_test()) {
+        CAPTURE(m);
+        CAPTURE(along_k);
+        CAPTURE(kernels.name);
+        std::vector<float> expected(m * n), c(m * n, std::numeric_limits<float>::quiet_NaN());
+        gemm_bf16_paged_with(*kernels.kernels, {m, n, k}, 0.5f, {other.data(), k, transpose::no}, paged.view,
+                             expected.data(), n);
+        // other's rows, converted once, given with A = a: the product is other's.
+        std::vector<float> storage(bf16_rows_floats_with(*kernels.kernels, m, k),
+                                   std::numeric_limits<float>::quiet_NaN());
+        const bf16_rows given =
+            convert_rows_bf16_with(*kernels.kernels, {other.data(), k, transpose::no}, m, k, storage.data());
+        for (int call = 0; call < 2; ++call) {  // read, never changed: the same for every product
+          gemm_bf16_paged_with(*kernels.kernels, {m, n, k}, 0.5f, {a.data(), k, transpose::no}, paged.view, c.data(), n,
+                               &given);
+          CHECK(std::memcmp(expected.data(), c.data(), c.size() * sizeof(float)) == 0);
+        }
+        const bf16_rows wrong_depth{given.rows, m, k - 1, given.ld, given.held};
+        CHECK_THROWS_WITH_AS(gemm_bf16_paged_with(*kernels.kernels, {m, n, k}, 0.5f, {a.data(), k, transpose::no},
+                                                  paged.view, c.data(), n, &wrong_depth),
+                             doctest::Contains("are not A's"), std::invalid_argument);
+      }
+    }
+  }
+  if (gemm_bf16_paged_runs(layout_path, kv_dtype::bf16)) {  // the active unit's layout, read back
+    std::vector<float> a(5 * 33, 1.0f), storage(bf16_rows_floats(5, 33));
+    const bf16_rows made = convert_rows_bf16({a.data(), 33, transpose::no}, 5, 33, storage.data());
+    const bf16_rows again = bf16_rows_at(5, 33, storage.data());
+    CHECK(again.rows == made.rows);
+    CHECK(again.ld == made.ld);
+    CHECK(again.held == made.held);
+  }
+}
+
 TEST_CASE("gemm_bf16_paged: bad arguments named, never a wrong answer") {
   std::vector<float> a(64, 1.0f), c(64);
   std::vector<std::uint32_t> page(4096, 0);

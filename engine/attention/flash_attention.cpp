@@ -55,16 +55,20 @@ product_kind attention_products(kvhead::precision precision, simd_path path, kv_
 // the probabilities below 1/510 of their row's largest would vanish, and
 // thousands of them can carry most of the weight.
 enum class attention_product { scores, values };
-// quantized_a (int8 only, or null): A's rows quantized already (the tile's
-// queries, quantize_queries).
+// prepared_a (the scores' A only, or null): A's rows as prepare_queries
+// made them for the kind's kernels (the tile's queries).
 void paged_product(product_kind kind, attention_product product, gemm_shape shape, float alpha, gemm_operand a,
-                   const paged_b_view& b, float* c, std::size_t ldc, const quantized_rows* quantized_a = nullptr) {
+                   const paged_b_view& b, float* c, std::size_t ldc, const float* prepared_a = nullptr) {
   switch (kind) {
-    case product_kind::bf16:
-      return gemm_bf16_paged(shape, alpha, a, b, c, ldc);
-    case product_kind::int8:
+    case product_kind::bf16: {
+      const bf16_rows converted = bf16_rows_at(shape.m, shape.k, prepared_a);
+      return gemm_bf16_paged(shape, alpha, a, b, c, ldc, prepared_a != nullptr ? &converted : nullptr);
+    }
+    case product_kind::int8: {
+      const quantized_rows quantized = quantized_rows_at(a_quantization::int8, shape.m, shape.k, prepared_a);
       return gemm_int8_paged(product == attention_product::scores ? a_quantization::int8 : a_quantization::int16, shape,
-                             alpha, a, b, c, ldc, quantized_a);
+                             alpha, a, b, c, ldc, prepared_a != nullptr ? &quantized : nullptr);
+    }
     case product_kind::fp32:
       return gemm(shape, alpha, a, b, 0.0f, c, ldc);
   }
@@ -234,35 +238,56 @@ std::size_t partial_floats(const attention_tile& tile) { return tile.positions *
 // thread's scratch stack (engine/arch/scratch.hpp) then always serves the
 // same buffer of a tile shape and stops growing once the shape has been seen,
 // whichever kind of task the thread happens to run first.
-// q_quantized: each tile's query rows as the int8 scores' A (quantize_queries).
+// The kernels of the tile's products over K/V stored as `element` (attention_products).
+product_kind tile_products(const attention_tile& tile, kv_dtype element) {
+  return attention_products(tile.precision, tile.path, element, tile.head_dim);
+}
+
+// q_prepared: each tile's query rows as the scores' A of its products' kernels
+// (prepare_queries; none for the fp32 kernels, which read q_rows), over K/V
+// stored as `element`.
 struct tile_scratch {
-  scratch_lease running, q_rows, scores, partial, q_quantized;
-  explicit tile_scratch(const attention_tile& tile, std::size_t tiles = 1)
+  scratch_lease running, q_rows, scores, partial, q_prepared;
+  tile_scratch(const attention_tile& tile, kv_dtype element, std::size_t tiles = 1)
       : running(tiles * partial_floats(tile)),
         q_rows(tiles * query_floats(tile)),
         scores(tile.positions * tile.group * kv_chunk),
         partial(partial_floats(tile)),
-        q_quantized(tiles * quantized_query_floats(tile)) {}
+        q_prepared(tiles * prepared_query_floats(tile, element)) {}
   static std::size_t query_floats(const attention_tile& tile) { return tile.positions * tile.group * tile.head_dim; }
-  static std::size_t quantized_query_floats(const attention_tile& tile) {
-    return quantized_rows_floats(a_quantization::int8, tile.positions * tile.group, tile.head_dim);
+  static std::size_t prepared_query_floats(const attention_tile& tile, kv_dtype element) {
+    const std::size_t rows = tile.positions * tile.group;
+    switch (tile_products(tile, element)) {
+      case product_kind::bf16:
+        return bf16_rows_floats(rows, tile.head_dim);
+      case product_kind::int8:
+        return quantized_rows_floats(a_quantization::int8, rows, tile.head_dim);
+      case product_kind::fp32:
+        break;
+    }
+    return 0;
   }
 };
 
-// The kernels of the tile's products over `source` (attention_products).
-product_kind tile_products(const attention_tile& tile, const kv_chunk_source& source) {
-  return attention_products(tile.precision, tile.path, source.element(), tile.head_dim);
-}
-
-// Where the int8 products run (a decode step over an int8 cache), the tile's
-// query rows quantized once into `storage` (tile_scratch::q_quantized), for
-// every chunk's q kᵀ: per chunk, their quantization and its scratch lease
+// Where the bf16 or int8 products run, the tile's query rows converted to
+// bf16 rows or quantized once into `storage` (tile_scratch::q_prepared), for
+// every chunk's q kᵀ: per chunk, the int8 quantization and its scratch lease
 // took 3.8% and 2.5% of a decode step's samples over an int8 cache (Xeon,
-// S1's geometry, perf).
-void quantize_queries(const attention_tile& tile, const kv_chunk_source& source, const float* q_rows, float* storage) {
-  if (tile_products(tile, source) == product_kind::int8)
-    quantize_rows(a_quantization::int8, {q_rows, tile.head_dim, transpose::no}, tile.positions * tile.group,
-                  tile.head_dim, storage);
+// S1's geometry, perf); the bf16 conversion about 2% of a bf16 prefill
+// (S2_prefill_gqa_causal_bf16).
+void prepare_queries(const attention_tile& tile, const kv_chunk_source& source, const float* q_rows, float* storage) {
+  const gemm_operand queries{q_rows, tile.head_dim, transpose::no};
+  const std::size_t rows = tile.positions * tile.group;
+  switch (tile_products(tile, source.element())) {
+    case product_kind::bf16:
+      convert_rows_bf16(queries, rows, tile.head_dim, storage);
+      return;
+    case product_kind::int8:
+      quantize_rows(a_quantization::int8, queries, rows, tile.head_dim, storage);
+      return;
+    case product_kind::fp32:
+      return;
+  }
 }
 
 // The tile's query rows, stacked: row i * R + r is position i of head r of
@@ -312,10 +337,10 @@ const void* page_keeping_rows(const packed_b_view& values, key_span kept, std::o
 // every element's sums run in the same order whatever the segment size.
 // Segments before the first key any row sees (the tile's first row's window
 // begin) are neither asked for nor read.
-// q_quantized: the rows quantize_queries made of q_rows (read where the
+// q_prepared: the rows prepare_queries made of q_rows (read where the
 // int8 products run).
 void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, std::size_t chunk, const float* q_rows,
-                   const float* q_quantized, float* scores, float* partial) {
+                   const float* q_prepared, float* scores, float* partial) {
   const std::size_t group = tile.group, head_dim = tile.head_dim, positions = tile.positions;
   const std::size_t rows = positions * group, key0 = chunk * kv_chunk;
   auto visible = [&](std::size_t position) { return visible_in_chunk(tile, chunk, position); };
@@ -356,7 +381,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     value_pages[s] = views[s].values.panels;
   }
   const packed_b_view& first_keys = views[first_segment].keys;
-  const product_kind kind = tile_products(tile, source);
+  const product_kind kind = tile_products(tile, source.element());
   const paged_b_view keys_view{key_pages + first_segment,
                                first_keys.n,
                                false,
@@ -367,9 +392,8 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
                                views[first_segment].key_row_stride,
                                first_keys.layout};
   const gemm_operand queries{q_rows, head_dim, transpose::no};
-  const quantized_rows quantized_queries = quantized_rows_at(a_quantization::int8, rows, head_dim, q_quantized);
   paged_product(kind, attention_product::scores, {rows, width - first_key, head_dim}, tile.scale, queries, keys_view,
-                scores + first_key, kv_chunk, kind == product_kind::int8 ? &quantized_queries : nullptr);
+                scores + first_key, kv_chunk, kind != product_kind::fp32 ? q_prepared : nullptr);
   // int8: the scales gathered into one row per chunk, so each query row takes
   // one multiply per chunk, not one per segment (Zen 5: 4-5% off S1 and S5
   // over an int8 cache, 11% at block 16, in 5 alternations). Only now, with
@@ -564,10 +588,10 @@ void write_output(const attention_tile& tile, const float* running, row_range ra
 void process_chunks(const attention_tile& tile, const kv_chunk_source& source, std::size_t begin, std::size_t end,
                     float* running, float* stored, tile_scratch& scratch) {
   gather_queries(tile, scratch.q_rows.data());
-  quantize_queries(tile, source, scratch.q_rows.data(), scratch.q_quantized.data());
+  prepare_queries(tile, source, scratch.q_rows.data(), scratch.q_prepared.data());
   for (std::size_t chunk = begin; chunk < end; ++chunk) {
     float* partial = stored != nullptr ? stored + (chunk - begin) * partial_floats(tile) : scratch.partial.data();
-    chunk_partial(tile, source, chunk, scratch.q_rows.data(), scratch.q_quantized.data(), scratch.scores.data(),
+    chunk_partial(tile, source, chunk, scratch.q_rows.data(), scratch.q_prepared.data(), scratch.scores.data(),
                   partial);
     if (stored == nullptr) merge_into(tile, {chunk, chunk + 1}, running, partial, all_rows(tile));
   }
@@ -583,20 +607,21 @@ void process_chunks(const attention_tile& tile, const kv_chunk_source& source, s
 void process_bundle(const std::vector<attention_tile>& tiles, const std::vector<const kv_chunk_source*>& sources,
                     const work_task* tasks, std::size_t count, chunk_range chunks) {
   const attention_tile& shape = tiles[tasks[0].unit];
-  tile_scratch scratch(shape, count);
+  const kv_dtype element = sources[tasks[0].unit]->element();
+  tile_scratch scratch(shape, element, count);
   const std::size_t running_floats = partial_floats(shape), query_floats = tile_scratch::query_floats(shape);
-  const std::size_t quantized_floats = tile_scratch::quantized_query_floats(shape);
+  const std::size_t prepared_floats = tile_scratch::prepared_query_floats(shape, element);
   for (std::size_t i = 0; i < count; ++i) {
     clear_partial(tiles[tasks[i].unit], scratch.running.data() + i * running_floats, all_rows(shape));
     gather_queries(tiles[tasks[i].unit], scratch.q_rows.data() + i * query_floats);
-    quantize_queries(tiles[tasks[i].unit], *sources[tasks[i].unit], scratch.q_rows.data() + i * query_floats,
-                     scratch.q_quantized.data() + i * quantized_floats);
+    prepare_queries(tiles[tasks[i].unit], *sources[tasks[i].unit], scratch.q_rows.data() + i * query_floats,
+                    scratch.q_prepared.data() + i * prepared_floats);
   }
   for (std::size_t chunk = chunks.first; chunk < chunks.end; ++chunk)
     for (std::size_t i = 0; i < count; ++i) {
       const attention_tile& tile = tiles[tasks[i].unit];
       chunk_partial(tile, *sources[tasks[i].unit], chunk, scratch.q_rows.data() + i * query_floats,
-                    scratch.q_quantized.data() + i * quantized_floats, scratch.scores.data(), scratch.partial.data());
+                    scratch.q_prepared.data() + i * prepared_floats, scratch.scores.data(), scratch.partial.data());
       merge_into(tile, {chunk, chunk + 1}, scratch.running.data() + i * running_floats, scratch.partial.data(),
                  all_rows(tile));
     }
@@ -709,7 +734,7 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
       process_bundle(tiles, sources, plan.tasks.data() + index, count, tile_chunks(tile));
       return;
     }
-    tile_scratch scratch(tile);
+    tile_scratch scratch(tile, sources[task.unit]->element());
     const std::size_t first = tile_chunks(tile).first;  // the unit's chunk u is the tile's first + u
     float* slot = stored.data() + work->offset[task.unit] + task.chunk_begin * partial_floats(tile);
     const std::size_t begin = first + task.chunk_begin, end = first + task.chunk_end;
@@ -734,7 +759,7 @@ void run_tiles(const std::vector<attention_tile>& tiles, const std::vector<const
     const auto& [t, range] = work->merges[index];
     const attention_tile& tile = tiles[t];
     const float* partials = stored.data() + work->offset[t];
-    const tile_scratch scratch(tile);
+    const tile_scratch scratch(tile, sources[t]->element());
     float* const running = scratch.running.data();  // these rows' running partial, from empty
     clear_partial(tile, running, range);
     const std::size_t first = tile_chunks(tile).first, chunks = work->units[t].chunks;

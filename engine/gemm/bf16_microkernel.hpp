@@ -236,7 +236,13 @@ const bf16_paged_kernels& amx_paged_kernels();
 /// gemm_bf16_paged (gemm_bf16.hpp) through the given kernels, on any CPU
 /// for the emulation; the checks of gemm_bf16_paged except where it runs.
 void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, float alpha, gemm_operand a,
-                          const paged_b_view& b, float* c, std::size_t ldc);
+                          const paged_b_view& b, float* c, std::size_t ldc, const bf16_rows* converted = nullptr);
+
+/// bf16_rows_floats and convert_rows_bf16 (gemm_bf16.hpp) for the given
+/// kernels' layout and conversion.
+std::size_t bf16_rows_floats_with(const bf16_paged_kernels& kernels, std::size_t m, std::size_t k);
+bf16_rows convert_rows_bf16_with(const bf16_paged_kernels& kernels, gemm_operand a, std::size_t m, std::size_t k,
+                                 float* storage);
 
 /// pack_tile_pairs (gemm_bf16.hpp) through the given kernels' stage_panel
 /// (amx's, or its emulation), on any CPU for the emulation.

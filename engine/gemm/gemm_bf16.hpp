@@ -139,7 +139,27 @@ void gemm_bf16(gemm_shape shape, gemm_operand a, const packed_bf16_b& b, float b
 /// columns and pages are cut. Runs on the calling thread. Throws
 /// std::invalid_argument naming the problem for bad arguments or when
 /// gemm_bf16_paged_runs is false.
-void gemm_bf16_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc);
+/// `converted`, when not null: A's rows as convert_rows_bf16 made them from
+/// this A (the same m and k, here), read instead of converting A again (the
+/// same values); named in the error otherwise.
+struct bf16_rows;
+void gemm_bf16_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc,
+                     const bf16_rows* converted = nullptr);
+
+/// A's m rows of depth k rounded to bf16 as gemm_bf16_paged reads them (the
+/// active unit's conversion and row layout: ld elements apart, zero past k,
+/// `held` rows with zero rows past m up to whole tile blocks on amx).
+/// convert_rows_bf16 writes them into storage of bf16_rows_floats floats;
+/// bf16_rows_at reads back the view of rows written there before. Made
+/// once, they serve every product with the same A (a tile's queries against
+/// each chunk of keys).
+struct bf16_rows {
+  const bf16_bits* rows;
+  std::size_t m, k, ld, held;
+};
+std::size_t bf16_rows_floats(std::size_t m, std::size_t k);
+bf16_rows bf16_rows_at(std::size_t m, std::size_t k, const float* storage);
+bf16_rows convert_rows_bf16(gemm_operand a, std::size_t m, std::size_t k, float* storage);
 
 /// Whether gemm_bf16_paged runs here over B packed for `path` with
 /// elements `element`: the active bf16 unit is a hardware one (amx or

@@ -47,8 +47,63 @@ const bf16_paged_kernels& active_bf16_paged_kernels() {
 
 std::size_t gemm_bf16_paged_k_group() { return 2 * active_bf16_paged_kernels().pair_multiple; }
 
+namespace {
+
+// A's bf16 rows as the kernels read them: a_ld = the depth rounded up to a
+// whole group of the unit's k, zero past the depth; `held` rows (the staged
+// kernels' tiles read whole tiles of rows: zero rows up to a whole block of
+// amx_mr).
+std::size_t converted_ld(const bf16_paged_kernels& kernels, std::size_t k) {
+  return round_up(std::max<std::size_t>(k, 1), 2 * kernels.pair_multiple);
+}
+
+void convert_a_rows(const bf16_paged_kernels& kernels, gemm_operand a, std::size_t m, std::size_t k, std::size_t held,
+                    bf16_bits* rows) {
+  const std::size_t a_ld = converted_ld(kernels, k);
+  kernels.convert_rows(a.data, a.ld, m, k, rows, a_ld);
+  const std::size_t converted = k + k % 2;  // convert_rows zeroes up to a whole pair
+  for (std::size_t row = 0; row < held && a_ld > converted; ++row) {
+    const std::size_t from = row < m ? converted : 0;
+    std::memset(static_cast<void*>(rows + row * a_ld + from), 0, (a_ld - from) * sizeof(bf16_bits));
+  }
+}
+
+// Rows converted ahead for products of any row count: whole tile blocks on amx.
+std::size_t rows_held_ahead(const bf16_paged_kernels& kernels, std::size_t m) {
+  return kernels.staged[0] != nullptr ? round_up(m, amx_mr) : m;
+}
+
+}  // namespace
+
+std::size_t bf16_rows_floats_with(const bf16_paged_kernels& kernels, std::size_t m, std::size_t k) {
+  return ceil_div(rows_held_ahead(kernels, m) * converted_ld(kernels, k), 2);
+}
+
+bf16_rows convert_rows_bf16_with(const bf16_paged_kernels& kernels, gemm_operand a, std::size_t m, std::size_t k,
+                                 float* storage) {
+  validate_operand("A", a, m, k);
+  engine::require(a.trans == transpose::no, [] { return std::string("convert_rows_bf16: needs A not transposed"); });
+  auto* const rows = reinterpret_cast<bf16_bits*>(storage);
+  const std::size_t held = rows_held_ahead(kernels, m);
+  if (m > 0) convert_a_rows(kernels, a, m, k, held, rows);
+  return {rows, m, k, converted_ld(kernels, k), held};
+}
+
+std::size_t bf16_rows_floats(std::size_t m, std::size_t k) {
+  return bf16_rows_floats_with(active_bf16_paged_kernels(), m, k);
+}
+
+bf16_rows bf16_rows_at(std::size_t m, std::size_t k, const float* storage) {
+  const bf16_paged_kernels& kernels = active_bf16_paged_kernels();
+  return {reinterpret_cast<const bf16_bits*>(storage), m, k, converted_ld(kernels, k), rows_held_ahead(kernels, m)};
+}
+
+bf16_rows convert_rows_bf16(gemm_operand a, std::size_t m, std::size_t k, float* storage) {
+  return convert_rows_bf16_with(active_bf16_paged_kernels(), a, m, k, storage);
+}
+
 void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, float alpha, gemm_operand a,
-                          const paged_b_view& b, float* c, std::size_t ldc) {
+                          const paged_b_view& b, float* c, std::size_t ldc, const bf16_rows* converted) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k, element = static_cast<std::size_t>(b.element);
   check_paged_product("gemm_bf16_paged", shape, a, b, c, ldc, 2, kernels.by_element[element] != nullptr,
                       "f32, bf16 or f16", kernels.staged[element] != nullptr);
@@ -56,20 +111,23 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
   // same bits), but B packed in the tiles' layout always on the tiles.
   const bool tile_pairs = b.layout == panel_layout::tile_pairs;
   const bf16_staged_function* const staged = m > kernels.mr || tile_pairs ? kernels.staged[element] : nullptr;
-  if (m == 0 || n == 0) return;
-  // A's bf16 rows, zero past the depth up to a whole group of the unit's k;
-  // the staged kernels' tiles read whole tiles of rows: zero rows up to a
-  // whole block of amx_mr.
-  const std::size_t a_ld = round_up(std::max<std::size_t>(k, 1), 2 * kernels.pair_multiple);
+  const std::size_t a_ld = converted_ld(kernels, k);
   const std::size_t a_rows_held = staged != nullptr ? round_up(m, amx_mr) : m;
-  scratch_lease a_storage(ceil_div(a_rows_held * a_ld, 2));
-  auto* const a_rows = reinterpret_cast<bf16_bits*>(a_storage.data());
-  kernels.convert_rows(a.data, a.ld, m, k, a_rows, a_ld);
-  const std::size_t converted = k + k % 2;  // convert_rows zeroes up to a whole pair
-  for (std::size_t row = 0; row < a_rows_held && a_ld > converted; ++row) {
-    const std::size_t from = row < m ? converted : 0;
-    std::memset(static_cast<void*>(a_rows + row * a_ld + from), 0, (a_ld - from) * sizeof(bf16_bits));
-  }
+  engine::require(converted == nullptr || (converted->m == m && converted->k == k && converted->ld == a_ld &&
+                                           converted->held >= a_rows_held),
+                  [&] {
+                    return "gemm_bf16_paged: the converted rows given (" + std::to_string(converted->m) + " x " +
+                           std::to_string(converted->k) + ", " + std::to_string(converted->held) + " held " +
+                           std::to_string(converted->ld) + " apart) are not A's (" + std::to_string(m) + " x " +
+                           std::to_string(k) + ") for these kernels";
+                  });
+  if (m == 0 || n == 0) return;
+  // A's bf16 rows (convert_a_rows), converted here unless given.
+  scratch_lease a_storage(converted != nullptr ? 0 : ceil_div(a_rows_held * a_ld, 2));
+  if (converted == nullptr)
+    convert_a_rows(kernels, a, m, k, a_rows_held, reinterpret_cast<bf16_bits*>(a_storage.data()));
+  const bf16_bits* const a_rows =
+      converted != nullptr ? converted->rows : reinterpret_cast<const bf16_bits*>(a_storage.data());
   const bf16_paged_function* const by_rows = kernels.by_element[element];
   const std::size_t mr = kernels.mr;
   const kernel_config_row& row = *kernel_config_for(b.path).row;
@@ -154,13 +212,14 @@ void pack_tile_pairs(const packed_b_view& from, bf16_bits* to) {
   pack_tile_pairs_with(amx_paged_kernels(), from, to);
 }
 
-void gemm_bf16_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc) {
+void gemm_bf16_paged(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, float* c, std::size_t ldc,
+                     const bf16_rows* converted) {
   engine::require(gemm_bf16_paged_runs(b.path, b.element), [&] {
     return std::string("gemm_bf16_paged: this CPU's bf16 unit is ") + to_string(active_bf16_unit()) +
            " and the path's NR " + std::to_string(gemm_config_for(b.path).nr) +
            ": the paged kernels need avx512bf16 (or amx), NR 32 and f32, bf16 or f16 B";
   });
-  gemm_bf16_paged_with(active_bf16_paged_kernels(), shape, alpha, a, b, c, ldc);
+  gemm_bf16_paged_with(active_bf16_paged_kernels(), shape, alpha, a, b, c, ldc, converted);
 }
 
 }  // namespace kvhead::engine
