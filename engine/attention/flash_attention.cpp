@@ -61,13 +61,16 @@ void paged_product(product_kind kind, attention_product product, gemm_shape shap
                    const paged_b_view& b, float* c, std::size_t ldc, const float* prepared_a = nullptr) {
   switch (kind) {
     case product_kind::bf16: {
+      if (prepared_a == nullptr) return gemm_bf16_paged(shape, alpha, a, b, c, ldc);
       const bf16_rows converted = bf16_rows_at(shape.m, shape.k, prepared_a);
-      return gemm_bf16_paged(shape, alpha, a, b, c, ldc, prepared_a != nullptr ? &converted : nullptr);
+      return gemm_bf16_paged(shape, alpha, a, b, c, ldc, &converted);
     }
     case product_kind::int8: {
-      const quantized_rows quantized = quantized_rows_at(a_quantization::int8, shape.m, shape.k, prepared_a);
-      return gemm_int8_paged(product == attention_product::scores ? a_quantization::int8 : a_quantization::int16, shape,
-                             alpha, a, b, c, ldc, prepared_a != nullptr ? &quantized : nullptr);
+      const a_quantization quantization =
+          product == attention_product::scores ? a_quantization::int8 : a_quantization::int16;
+      if (prepared_a == nullptr) return gemm_int8_paged(quantization, shape, alpha, a, b, c, ldc);
+      const quantized_rows quantized = quantized_rows_at(quantization, shape.m, shape.k, prepared_a);
+      return gemm_int8_paged(quantization, shape, alpha, a, b, c, ldc, &quantized);
     }
     case product_kind::fp32:
       return gemm(shape, alpha, a, b, 0.0f, c, ldc);
