@@ -341,7 +341,7 @@ const void* page_keeping_rows(const packed_b_view& values, key_span kept, std::o
 // Segments before the first key any row sees (the tile's first row's window
 // begin) are neither asked for nor read.
 // q_prepared: the rows prepare_queries made of q_rows (read where the
-// int8 products run).
+// bf16 or int8 products run).
 void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, std::size_t chunk, const float* q_rows,
                    const float* q_prepared, float* scores, float* partial) {
   const std::size_t group = tile.group, head_dim = tile.head_dim, positions = tile.positions;
