@@ -5,6 +5,7 @@
 #include <string>
 
 #include <benchmark/benchmark.h>
+#include <cblas.h>
 
 #include "bench/limits.hpp"
 #include "kvhead/config.hpp"
@@ -36,6 +37,9 @@ std::string one_decimal(double value) {
 void add_machine_context() {
   benchmark::AddCustomContext("cpu_model", cpu_model());
   benchmark::AddCustomContext("simd_path", to_string(active_simd_path()));
+  // Which kernels the OpenBLAS baseline runs (OPENBLAS_CORETYPE can force
+  // weaker ones; tools/run bench clears it).
+  benchmark::AddCustomContext("openblas_core", openblas_get_corename());
   for (int threads : {1, 2}) {
     const std::string suffix = "/threads:" + std::to_string(threads);
     benchmark::AddCustomContext("fma_peak_gflops" + suffix, one_decimal(fma_peak_gflops(threads)));
