@@ -26,7 +26,8 @@ is_causal=True) where this torch has it (K/V repeated per query head when it lac
 enable_gqa), else the same grouped bmm with a causal mask. S3 is nn.MultiheadAttention with
 zeroed biases. The form used is printed with each row. Times are medians over repetitions of the mean time per
 call over at least --min-time seconds. --threads sets torch.set_num_threads and, before torch
-is imported, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS.
+is imported, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS; it clears
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, so that OpenBLAS runs its own kernels for this CPU.
 --out writes a Google-Benchmark-shaped JSON (names torch_<shape>/threads:<N>) for
 tools/plot_bench.py --peer. Needs Debian's python3-torch.
 """
@@ -196,6 +197,11 @@ def main():
     args = parse_args()
     for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = str(args.threads)
+    # The peer at its best: OpenBLAS (Debian's torch's BLAS) picks its own
+    # kernels for this CPU, as in tools/run bench.
+    for variable in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if os.environ.pop(variable, None) is not None:
+            print(f"peer_torch.py: {variable} unset (OpenBLAS chooses its kernels for this CPU)", file=sys.stderr)
     try:
         import torch
     except ImportError:
