@@ -281,7 +281,15 @@ TEST_CASE("gemm_int8_paged: bad arguments named, never a wrong answer") {
   f32_b.element = kv_dtype::f32;
   CHECK_THROWS_WITH_AS(gemm_int8_paged_with(kernels, a_quantization::int16, {2, 4, 16}, 1.0f,
                                             {a.data(), 16, transpose::no}, f32_b, c.data(), 4),
-                       doctest::Contains("int8 B"), std::invalid_argument);
+                       doctest::Contains("int8 (narrow pages of row stride 16) B"), std::invalid_argument);
+  // Narrow pages (column pages of one panel) of another row stride than 16: refused for either A.
+  std::vector<std::int8_t> narrow_b(16 * 24, 1);
+  std::vector<float> wide_c(2 * 24);
+  const paged_matrix narrow24 = page_b(narrow_b, 16, 24, 24, false, true);
+  for (const a_quantization quantization : both_quantizations)
+    CHECK_THROWS_WITH_AS(gemm_int8_paged_with(kernels, quantization, {2, 24, 16}, 1.0f, {a.data(), 16, transpose::no},
+                                              narrow24.view, wide_c.data(), 24),
+                         doctest::Contains("row stride 16"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(gemm_int8_paged_with(kernels, a_quantization::int16, {2, 5, 16}, 1.0f,
                                             {a.data(), 16, transpose::no}, fine.view, c.data(), 5),
                        doctest::Contains("within B"), std::invalid_argument);

@@ -58,7 +58,8 @@ static_assert(std::uint64_t{gemm_kc} * 255 * int8_quantum <= std::uint64_t{std::
 /// page: even for int16 A, a multiple of 4 for int8 A), only `cols` columns
 /// written. The int8 A kernels read a panel's rows 32 bytes apart
 /// (b_row_stride 32; the narrow ones, for a narrow panel of 16 columns, 16
-/// bytes apart) and whole rows, columns past `cols` included.
+/// bytes apart) and whole rows, columns past `cols` included; the int16 A
+/// kernels rows 32 or 16 bytes apart (b_row_stride), `cols` columns of each.
 /// carry (int16 A only, null otherwise): the int32 sums of a product whose
 /// pages run over several calls, in the kernel's own layout: with carry_in the sums start from it instead of 0; with
 /// carry_out they are left in it and C is not written. Integer sums are
@@ -126,7 +127,7 @@ quantized_rows quantize_rows(a_quantization quantization, gemm_operand a, std::s
 /// says) for A m x k (not transposed) and B a paged_b_view of int8 elements
 /// on a path whose NR is 32, pages at most KC deep, each page along k an
 /// even number of rows (int16 A) or a multiple of 4 (int8 A), narrow pages
-/// (paged_b_view::narrow_row_stride) of row stride 16 for int8 A. Runs on the
+/// (paged_b_view::narrow_row_stride) of row stride 16 for either A. Runs on the
 /// calling thread. `quantized`, when not null: A's rows as quantize_rows made
 /// them from this A (the same quantization, m and k), read instead of
 /// quantizing A again (the same values). Throws std::invalid_argument naming

@@ -166,11 +166,11 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
                           std::size_t pv_rows_per_call, const quantized_rows* quantized) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k;
   const bool int8_a = quantization == a_quantization::int8;
-  constexpr std::size_t narrow_row_bytes = 16;  // the int8 A kernels' narrow panels
+  constexpr std::size_t narrow_row_bytes = 16;  // the kernels' narrow panels
   check_paged_product(
       "gemm_int8_paged", shape, a, b, c, ldc, int8_a ? 4 : 2,
-      b.element == kv_dtype::int8 && (!int8_a || b.narrow_row_stride == 0 || b.narrow_row_stride == narrow_row_bytes),
-      int8_a ? "int8 (narrow pages of row stride 16)" : "int8");
+      b.element == kv_dtype::int8 && (b.narrow_row_stride == 0 || b.narrow_row_stride == narrow_row_bytes),
+      "int8 (narrow pages of row stride 16)");
   engine::require(
       quantized == nullptr || (quantized->quantization == quantization && quantized->m == m && quantized->k == k), [&] {
         return "gemm_int8_paged: the quantized rows given (" + std::to_string(quantized->m) + " x " +

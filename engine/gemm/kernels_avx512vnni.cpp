@@ -43,22 +43,28 @@ constexpr std::size_t vnni_mr = 12;
 
 using panel_rows::first_lanes;
 
-// Rows `even` and `odd` (null: a zero row) of a B panel, columns [0, 32)
-// where `lanes` says, as int16 pairs: in-lane byte interleaves (vpunpck*bw,
-// 256-bit) then sign extension, so pairs[0] holds columns 0-7 and 16-23 and
-// pairs[1] columns 8-15 and 24-31 (the kernel puts C back in order once).
-// Whole: all 32 columns present, plain loads (panel_row_loads.hpp).
-template <bool Whole>
-void load_pairs(const std::int8_t* even, const std::int8_t* odd, __mmask32 lanes, __m512i pairs[2]) {
-  const __m256i even_row = panel_rows::load_bytes<Whole>(even, lanes);
-  const __m256i odd_row = odd != nullptr ? panel_rows::load_bytes<Whole>(odd, lanes) : _mm256_setzero_si256();
+// Rows `even` and `odd` of a B panel, columns [0, 32) as loaded (load_bytes:
+// zeros past the panel's columns), as int16 pairs: in-lane byte interleaves
+// (vpunpck*bw, 256-bit) then sign extension, so pairs[0] holds columns 0-7
+// and 16-23 and pairs[1] columns 8-15 and 24-31 (the kernel puts C back in
+// order once).
+inline void widen_pairs(__m256i even_row, __m256i odd_row, __m512i pairs[2]) {
   pairs[0] = _mm512_cvtepi8_epi16(_mm256_unpacklo_epi8(even_row, odd_row));
   pairs[1] = _mm512_cvtepi8_epi16(_mm256_unpackhi_epi8(even_row, odd_row));
 }
 
-template <std::size_t Rows, bool Whole>
+// RowBytes: the panel's row stride, 32 (a 32-column panel) or 16 (a narrow
+// panel's 16 columns), a constant, so the pair loop holds no index
+// arithmetic, no loop over prefetched lines and no test for a missing odd
+// row (the last row's pair, after the loop); read at run time, it held 3
+// such tests per pair step. Zen 5, S1's geometry over an int8 cache in L3
+// (past 4095, one sequence, 2 alternations): block 16 366-371 -> 351-356
+// us, block 256 271-277 -> 269-271 us; from DRAM within the noise. Whole:
+// all 32 columns present, plain loads (panel_row_loads.hpp).
+template <std::size_t Rows, bool Whole, std::size_t RowBytes>
 void int16_a_kernel(const int8_paged_params& params) {
-  static_assert(Rows <= vnni_mr);
+  static_assert(Rows <= vnni_mr && (RowBytes == 32 || (RowBytes == 16 && !Whole)));
+  constexpr std::size_t row_bytes = RowBytes;
   __m512i acc[Rows][2];
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < Rows; ++row)
@@ -76,19 +82,19 @@ void int16_a_kernel(const int8_paged_params& params) {
       acc[row][1] = _mm512_dpwssd_epi32(acc[row][1], a_pair, pairs[1]);
     }
   };
-  const std::size_t stride = params.b_row_stride;
   for (std::size_t page = 0, row0 = 0; row0 < params.depth; ++page, row0 += params.page_rows) {
     const auto* b = static_cast<const std::int8_t*>(params.b_pages[page]);
     const std::size_t rows = std::min(params.page_rows, params.depth - row0);
     __m512i pairs[2];
     std::size_t k = 0;
     for (; k + 1 < rows; k += 2) {
-      panel_rows::prefetch_ahead(b + k * stride, 2 * stride, params.prefetch);
-      load_pairs<Whole>(b + k * stride, b + (k + 1) * stride, lanes, pairs);
+      panel_rows::prefetch_ahead(b + k * row_bytes, 2 * row_bytes, params.prefetch);
+      widen_pairs(panel_rows::load_bytes<Whole>(b + k * row_bytes, lanes),
+                  panel_rows::load_bytes<Whole>(b + (k + 1) * row_bytes, lanes), pairs);
       step(pairs, a_rows + row0 + k);
     }
     if (k < rows) {  // the last row: its pair's odd row is zero
-      load_pairs<Whole>(b + k * stride, nullptr, lanes, pairs);
+      widen_pairs(panel_rows::load_bytes<Whole>(b + k * row_bytes, lanes), _mm256_setzero_si256(), pairs);
       step(pairs, a_rows + row0 + k);
     }
   }
@@ -205,7 +211,9 @@ enum class paged_variant { int16_a, int8_a, int8_a_narrow };
 template <paged_variant Variant, std::size_t Rows>
 void paged_kernel(const int8_paged_params& params) {
   if constexpr (Variant == paged_variant::int16_a)
-    params.cols >= 32 ? int16_a_kernel<Rows, true>(params) : int16_a_kernel<Rows, false>(params);
+    params.b_row_stride == 16 ? int16_a_kernel<Rows, false, 16>(params)
+    : params.cols >= 32       ? int16_a_kernel<Rows, true, 32>(params)
+                              : int16_a_kernel<Rows, false, 32>(params);
   else
     int8_a_kernel<Rows, Variant == paged_variant::int8_a ? 32 : 16>(params);
 }
