@@ -184,7 +184,7 @@ void decode_dtypes(benchmark::State& state, decode_shape shape) {
 
 void decode_block_sizes(benchmark::State& state, kvhead::kv_dtype dtype) {
   std::vector<std::pair<std::string, decode_shape>> variants;
-  for (const std::size_t block : {16, 32, 64, 128, 256})
+  for (const std::size_t block : kvhead::kv_cache_block_sizes)
     variants.emplace_back("block" + std::to_string(block), s1_in_blocks(dtype, block));
   run_interleaved(state, variants, compare_to::fastest);
 }
@@ -202,7 +202,7 @@ const bool registered = [] {
     auto* bench =
         benchmark::RegisterBenchmark(dtype_name("decode_block_size", dtype).c_str(), decode_block_size, dtype);
     bench->ArgNames({"block", "threads"})->UseRealTime();
-    for (const std::int64_t block : {16, 32, 64, 128, 256}) bench->Args({block, 1});
+    for (const std::size_t block : kvhead::kv_cache_block_sizes) bench->Args({std::int64_t(block), 1});
   }
   for (const kvhead::kv_dtype dtype : dtypes)
     benchmark::RegisterBenchmark(dtype_name("decode_block_sizes", dtype).c_str(), decode_block_sizes, dtype)

@@ -1,5 +1,6 @@
 // `kvhead decode` end to end (the built binary as a child process): its output
-// is byte-identical to `kvhead run --causal` for any --chunk and --threads, it
+// is byte-identical to `kvhead run --causal` for any --chunk, --block-size and
+// --threads, it
 // shares run's error contract (exit code, one stderr line, --output
 // untouched), and its help.
 #include <doctest/doctest.h>
@@ -49,8 +50,11 @@ void check_decode_equals_run(const std::vector<std::string>& flags) {
   expect_clean_success(join({"run", "--output", expected}, flags));
   const std::string reference = read_bytes(expected);
   REQUIRE(!reference.empty());
-  const std::vector<std::vector<std::string>> variants = {
-      {"--chunk", "1", "--threads", "2"}, {"--chunk", "7", "--threads", "1"}, {"--chunk", "1000"}};
+  const std::vector<std::vector<std::string>> variants = {{"--chunk", "1", "--threads", "2"},
+                                                          {"--chunk", "7", "--threads", "1"},
+                                                          {"--chunk", "1000"},
+                                                          {"--chunk", "3", "--block-size", "16"},
+                                                          {"--chunk", "999", "--block-size", "32", "--threads", "2"}};
   for (const std::vector<std::string>& variant : variants) {
     CAPTURE(variant[1]);
     const std::string output = dir.file("decode-" + variant[1] + ".npy");
@@ -106,6 +110,10 @@ TEST_CASE("decode_kv_dtype_same_bits_for_any_chunk_and_threads_close_to_f32") {
     expect_clean_success(join(join({"decode", "--output", one, "--kv-dtype", dtype}, flags), {"--threads", "2"}));
     expect_clean_success(join(join({"decode", "--output", seven, "--kv-dtype", dtype}, flags), {"--chunk", "7"}));
     CHECK(read_bytes(one) == read_bytes(seven));
+    const std::string small_blocks = dir.file(dtype + "-16.npy");
+    expect_clean_success(
+        join(join({"decode", "--output", small_blocks, "--kv-dtype", dtype}, flags), {"--block-size", "16"}));
+    CHECK(read_bytes(one) == read_bytes(small_blocks));
     const io::npy_array decoded = io::read_npy(one);
     REQUIRE(decoded.values.size() == reference.values.size());
     double difference = 0.0;
@@ -180,6 +188,15 @@ TEST_CASE("decode_kv_dtype_must_be_known") {
   expect_decode_failure(join(causal_flags("mqa_causal"), {"--kv-dtype", "all"}), exit_usage, {"--kv-dtype", "'all'"});
 }
 
+TEST_CASE("decode_block_size_must_be_one_the_cache_takes") {
+  for (const char* text : {"0", "7", "8", "512", "016", "+16", "16.0", "", "all"}) {
+    CAPTURE(text);
+    expect_decode_failure(join(causal_flags("mqa_causal"), {std::string("--block-size=") + text}), exit_usage,
+                          {"--block-size needs 16, 32, 64, 128 or 256, got '" + std::string(text) + "'"});
+  }
+  expect_decode_failure(join(causal_flags("mqa_causal"), {"--block-size"}), exit_usage, {"--block-size needs a value"});
+}
+
 TEST_CASE("decode_run_errors") {
   scratch_dir dir;
   const std::string missing = dir.file("no-such.safetensors");
@@ -230,7 +247,8 @@ TEST_CASE("decode_help") {
     const cli_result result = run_kvhead(args);
     CHECK(result.exit_code == 0);
     CHECK(result.err.empty());
-    for (const char* text : {"kvhead decode", "--chunk", "--causal", "--weights", "--threads", "bit-identical"})
+    for (const char* text :
+         {"kvhead decode", "--chunk", "--block-size", "--causal", "--weights", "--threads", "bit-identical"})
       CHECK_MESSAGE(result.out.find(text) != std::string::npos, "help mentions " << text);
   }
   const cli_result full = run_kvhead({"decode", "--help"});

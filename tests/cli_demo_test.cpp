@@ -128,6 +128,33 @@ TEST_CASE("demo_check_across_a_cache_block_boundary") {
   CHECK(mentions(result.out, "6 of 6 block(s) in use"));
 }
 
+TEST_CASE("demo_block_size_sets_the_cache_blocks_and_keeps_the_check") {
+  // 40 + 30 tokens in 16-token blocks: 5 blocks per sequence, 2 sequences;
+  // the recomputed stretch (positions 54-69) crosses blocks. An int8 cache
+  // at block 32 as well: its decode is the same at every block size.
+  const std::vector<std::string> model = {"--layers",   "2",  "--d-model", "64", "--heads",  "4",  "--kv-heads", "2",
+                                          "--head-dim", "16", "--prompt",  "40", "--tokens", "30", "--batch",    "2"};
+  const cli_result result = run_kvhead(with(with({"demo"}, model), {"--block-size", "16"}));
+  INFO("stdout: " << result.out);
+  INFO("stderr: " << result.err);
+  CHECK(result.exit_code == 0);
+  CHECK(mentions(result.out, "10 block(s) of 16 tokens x 2 layers"));
+  CHECK(mentions(result.out, "10 of 10 block(s) in use (16 tokens x 2 layers each)"));
+  CHECK(mentions(result.out, "cached and recomputed outputs: identical"));
+  const cli_result int8_default = run_kvhead(with(with({"demo"}, model), {"--kv-dtype", "int8"}));
+  const cli_result int8_32 = run_kvhead(with(with({"demo"}, model), {"--kv-dtype", "int8", "--block-size", "32"}));
+  CHECK(int8_default.exit_code == 0);
+  CHECK(int8_32.exit_code == 0);
+  CHECK(mentions(int8_32.out, "block(s) of 32 tokens"));
+  // The same decoded outputs: the same largest difference from the recomputed (f32, no cache) ones.
+  auto largest_difference = [](const std::string& out) {
+    const std::size_t at = out.find("max |diff| ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find(' ', at + 11) - at);
+  };
+  CHECK(!largest_difference(int8_default.out).empty());
+  CHECK(largest_difference(int8_default.out) == largest_difference(int8_32.out));
+}
+
 TEST_CASE("demo_kv_dtype_prints_bytes_per_token_and_all_prints_the_table") {
   // 300 + 40 tokens (a second 256-token block), GQA 4:2, head_dim 16, 2 layers.
   const std::vector<std::string> model = {"--layers",   "2",  "--d-model", "64",  "--heads",  "4",  "--kv-heads", "2",
@@ -246,6 +273,9 @@ TEST_CASE("demo_usage_errors") {
       {{"--kv-dtype", "ALL"}, "--kv-dtype"},
       {{"--kv-dtype"}, "--kv-dtype needs a value"},
       {{"--precision", "fp16"}, "--precision needs f32, bf16 or all, got 'fp16'"},
+      {{"--block-size", "100"}, "--block-size needs 16, 32, 64, 128 or 256, got '100'"},
+      {{"--block-size", "0"}, "--block-size needs 16, 32, 64, 128 or 256, got '0'"},
+      {{"--block-size"}, "--block-size needs a value"},
       {{"--precision", "BF16"}, "--precision"},
       {{"extra"}, "'extra'"},
   };

@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <ranges>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -93,23 +94,28 @@ int run_guarded(std::string_view command, const std::function<int()>& body);
 /// echoing user input in a message.
 std::string quote_arg(std::string_view text);
 
+/// "a", "a or b", "a, b or c": the names as a help text or a message lists them.
+inline std::string or_list(const std::vector<std::string>& names) {
+  std::string list;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return list;
+}
+
 /// The one of `values` whose to_string() is `text` (a named flag value:
 /// --precision, --kv-dtype); a usage_error otherwise, "<flag> needs a, b or
 /// c, got '<text>'", listing also_accepted last when given (a word the
 /// caller handles itself, such as "all").
-template <class Value, std::size_t N>
-Value parse_named(std::string_view flag, const Value (&values)[N], std::string_view text,
-                  std::string_view also_accepted = {}) {
+template <class Values>
+std::ranges::range_value_t<Values> parse_named(std::string_view flag, const Values& values, std::string_view text,
+                                               std::string_view also_accepted = {}) {
   std::vector<std::string> names;
-  for (const Value value : values) {
+  for (const auto value : values) {
     if (text == to_string(value)) return value;
     names.emplace_back(to_string(value));
   }
   if (!also_accepted.empty()) names.emplace_back(also_accepted);
-  std::string list;
-  for (std::size_t i = 0; i < names.size(); ++i)
-    list += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
-  throw usage_error(std::string(flag) + " needs " + list + ", got " + quote_arg(text));
+  throw usage_error(std::string(flag) + " needs " + or_list(names) + ", got " + quote_arg(text));
 }
 
 }  // namespace kvhead::tools

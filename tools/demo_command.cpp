@@ -13,8 +13,8 @@
 //
 // Passes (B sequences of a P-token random prompt, N(0, 1) embeddings):
 //   1. flags;
-//   2. one kv_cache with num_layers = L, of --kv-dtype, sized for B sequences of P + T
-//      tokens; layers and prompt from the seed (fill_normal streams);
+//   2. one kv_cache with num_layers = L, of --kv-dtype and --block-size, sized for B
+//      sequences of P + T tokens; layers and prompt from the seed (fill_normal streams);
 //   3. prefill: append(seq, P) for each sequence, then one batched forward
 //      per layer over the cache (B * P rows);
 //   4. decode T steps: per step append(seq, 1) for each sequence, then each
@@ -57,6 +57,7 @@
 #include "kvhead/attention.hpp"
 #include "kvhead/config.hpp"
 #include "kvhead/kv_cache.hpp"
+#include "tools/block_size_flag.hpp"
 #include "tools/cache_sizing.hpp"
 #include "tools/cli_args.hpp"
 #include "tools/kv_dtype_flag.hpp"
@@ -77,6 +78,7 @@ constexpr std::size_t plain_progress = 32;  // steps between progress lines when
 struct demo_options {
   std::size_t layers = 4, d_model = 2048, heads = 32, kv_heads = 8, head_dim = 64;
   std::size_t prompt = 256, tokens = 256, batch = 1, threads = 1;
+  std::size_t block_size = 0;  // the cache's tokens per block; 0: its default
   std::uint64_t seed = 42;
   std::optional<std::string> csv;
   std::vector<kv_dtype> dtypes = {kv_dtype::f32};        // one run each (--kv-dtype all: every dtype)
@@ -84,9 +86,9 @@ struct demo_options {
 };
 
 constexpr flag_spec demo_flags[] = {
-    {"--layers", true}, {"--d-model", true},  {"--heads", true},     {"--kv-heads", true}, {"--head-dim", true},
-    {"--prompt", true}, {"--tokens", true},   {"--batch", true},     {"--threads", true},  {"--seed", true},
-    {"--csv", true},    {"--kv-dtype", true}, {"--precision", true},
+    {"--layers", true}, {"--d-model", true},  {"--heads", true},     {"--kv-heads", true},   {"--head-dim", true},
+    {"--prompt", true}, {"--tokens", true},   {"--batch", true},     {"--threads", true},    {"--seed", true},
+    {"--csv", true},    {"--kv-dtype", true}, {"--precision", true}, {"--block-size", true},
 };
 
 // ------------------------------------------------------------------ 1. flags
@@ -120,6 +122,7 @@ demo_options parse_demo_options(const parsed_flags& flags) {
     else
       o.dtypes = {parse_kv_dtype(*dtype, "all")};
   }
+  o.block_size = parse_block_size(flags);
   if (const std::optional<std::string> name = flags.value("--precision")) {
     if (*name == "all")
       o.precisions.assign(std::begin(precisions), std::end(precisions));
@@ -344,6 +347,7 @@ demo_run run_one(const demo_options& o, precision compute, kv_dtype dtype, simd_
   geometry.num_kv_heads = o.kv_heads;
   geometry.head_dim = o.head_dim;
   geometry.dtype = dtype;
+  geometry.block_size = o.block_size;
   kv_cache cache = make_sized_cache(geometry, B, context);
   const std::size_t history_rows = context + 1;
   std::vector<float> history(floats_for({B, history_rows, D}));
@@ -582,6 +586,7 @@ std::string demo_help_text() {
          "usage: kvhead demo [--layers L] [--d-model D] [--heads H] [--kv-heads G] [--head-dim d]\n"
          "                   [--prompt P] [--tokens T] [--batch B] [--threads N] [--seed S]\n"
          "                   [--csv FILE] [--kv-dtype f32|bf16|f16|int8|all] [--precision f32|bf16|all]\n"
+         "                   [--block-size B]\n"
          "\n"
          "  --layers L      attention layers, default 4 (at most 1024).\n"
          "  --d-model D     model width, default 2048; need not equal H * d.\n"
@@ -606,13 +611,14 @@ std::string demo_help_text() {
          "                  GEMM inputs, q, k, v and the probabilities rounded to bf16, fp32\n"
          "                  accumulation; README, Precision). all: the decode once per precision\n"
          "                  (and per --kv-dtype), then the table above, one row per run, each\n"
-         "                  compared with the first (f32); weight MiB is what the layers store.\n"
+         "                  compared with the first (f32); weight MiB is what the layers store.\n" +
+         block_size_help() +
          "  --help, -h      print this help and exit 0.\n"
          "\n"
          "exit status: 0 success; 1 an error (KVHEAD_ISA, a --csv that cannot be written, out of\n"
          "memory, cached and recomputed outputs differing); 2 usage error (unknown flag, a value\n"
          "that is not a positive whole number or above its limit, G not dividing H, odd d, an\n"
-         "unknown --kv-dtype or --precision).\n"
+         "unknown --kv-dtype or --precision, another --block-size).\n"
          "Any failure prints one line on stderr.\n";
 }
 

@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <new>
@@ -96,9 +97,7 @@ kv_cache_config validated(const kv_cache_config& requested) {
   if (config.num_kv_heads == 0) throw std::invalid_argument("kv_cache_config.num_kv_heads must be at least 1");
   if (config.head_dim == 0) throw std::invalid_argument("kv_cache_config.head_dim must be at least 1");
   if (config.block_size == 0) config.block_size = kv_cache_default_block_size;
-  const std::size_t block_size = config.block_size;
-  if (block_size < engine::kv_min_block_size || block_size > engine::kv_max_block_size ||
-      (block_size & (block_size - 1)) != 0)
+  if (std::ranges::find(kv_cache_block_sizes, config.block_size) == std::end(kv_cache_block_sizes))
     throw std::invalid_argument("kv_cache_config.block_size must be 16, 32, 64, 128 or 256 (or 0 for " +
                                 std::to_string(kv_cache_default_block_size) + "), got " +
                                 std::to_string(requested.block_size));

@@ -68,6 +68,19 @@ constexpr std::size_t kv_narrow_key_row_stride(std::size_t nr, std::size_t block
   return block_size < nr ? block_size : 0;
 }
 static_assert((kv_min_block_size & (kv_min_block_size - 1)) == 0 && kv_min_block_size <= kv_max_block_size);
+static_assert(
+    [] {
+      std::size_t expected = kv_min_block_size;
+      for (const std::size_t size : kv_cache_block_sizes) {
+        if (size != expected) return false;
+        expected *= 2;
+      }
+      return expected / 2 == kv_max_block_size;
+    }(),
+    "kv_cache_block_sizes (kvhead/kv_cache.hpp) lists the powers of two from kv_min_block_size to kv_max_block_size");
+static_assert((kv_cache_default_block_size & (kv_cache_default_block_size - 1)) == 0 &&
+                  kv_min_block_size <= kv_cache_default_block_size && kv_cache_default_block_size <= kv_max_block_size,
+              "the default block size is one of kv_cache_block_sizes");
 
 /// Tokens per group of blocks: the pool stores blocks in groups of
 /// kv_group_tokens / block_size consecutive indices, and within a group

@@ -199,6 +199,10 @@ struct kv_cache_internals;
 /// memory on short or forked sequences.
 inline constexpr std::size_t kv_cache_default_block_size = 256;
 
+/// Every block size a kv_cache takes (kv_cache_config::block_size), smallest
+/// first.
+inline constexpr std::size_t kv_cache_block_sizes[] = {16, 32, 64, 128, 256};
+
 struct kv_cache_config {
   std::size_t num_layers = 1;      // layers of one geometry sharing one sequence-id space
   std::size_t num_kv_heads = 0;    // G
