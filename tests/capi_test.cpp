@@ -249,6 +249,12 @@ TEST_CASE("C API: bad input gives its status, a message naming the problem, and 
       {"open: threads -1",
        [&] { return kvh_layer_open(path.c_str(), with([](auto& o) { o.threads = -1; }), &out_layer); },
        KVH_ERR_INVALID_ARGUMENT, "threads = -1"},
+      {"open: kv_block_size 7",
+       [&] { return kvh_layer_open(path.c_str(), with([](auto& o) { o.kv_block_size = 7; }), &out_layer); },
+       KVH_ERR_INVALID_ARGUMENT, "options->kv_block_size = 7 (must be 16, 32, 64, 128 or 256; 0 = 256)"},
+      {"open: kv_block_size 512",
+       [&] { return kvh_layer_open(path.c_str(), with([](auto& o) { o.kv_block_size = 512; }), &out_layer); },
+       KVH_ERR_INVALID_ARGUMENT, "options->kv_block_size = 512"},
       {"open: precision -1",
        [&] { return kvh_layer_open(path.c_str(), with([](auto& o) { o.precision = -1; }), &out_layer); },
        KVH_ERR_INVALID_ARGUMENT, "options->precision = -1"},
@@ -499,6 +505,41 @@ TEST_CASE("C API: decoding token by token, batched and chunked, equals the causa
   kvh_layer_close(layer);
 }
 
+TEST_CASE("C API: options->kv_block_size: caches of smaller blocks, the same bits") {
+  temp_dir dir;
+  const std::string path = layer_file(dir, "layer.safetensors", kv_heads);
+  // One 16-token block of one layer over f32: head_dim 8 padded to 32 floats per key.
+  constexpr std::size_t small_block_bytes = 2 * kv_heads * 16 * 32 * sizeof(float);
+  const std::vector<float> x = inputs(70, 21);
+  for (const int32_t dtype : {KVH_KV_F32, KVH_KV_INT8}) {
+    CAPTURE(dtype);
+    std::vector<float> expected;
+    for (const int32_t block_size : {0, 16, 32, 64, 128, 256}) {
+      CAPTURE(block_size);
+      kvh_layer_options options = default_options();
+      options.kv_block_size = block_size;
+      options.kv_dtype = dtype;
+      kvh_layer* layer = open_layer(path, options);
+      kvh_cache* cache = nullptr;
+      REQUIRE(kvh_cache_create(layer, 32 * small_block_bytes, &cache) == KVH_OK);
+      int64_t id = 0, other = 0;
+      REQUIRE(kvh_sequence_create(cache, &id) == KVH_OK);
+      REQUIRE(kvh_sequence_create(cache, &other) == KVH_OK);
+      const std::vector<float> y = decode_tokens(layer, cache, id, x);
+      if (expected.empty()) expected = dtype == KVH_KV_F32 ? forward(layer, x) : y;
+      CHECK(same_bits(y, expected));
+      decode_tokens(layer, cache, other, rows(x, 0, 1));
+      if (dtype == KVH_KV_F32) {
+        // 512 tokens of f32 blocks; 70 tokens and 1 hold whole blocks of their own.
+        const int64_t size = block_size == 0 ? 256 : block_size;
+        CHECK(kvh_cache_free_tokens(cache) == (512 / size - (70 + size - 1) / size - 1) * size);
+      }
+      kvh_cache_destroy(cache);
+      kvh_layer_close(layer);
+    }
+  }
+}
+
 TEST_CASE("C API: options->sliding_window, and kvh_sequence_drop_outside_window") {
   temp_dir dir;
   const std::string path = layer_file(dir, "layer.safetensors", kv_heads);
@@ -684,6 +725,8 @@ TEST_CASE("C API: options ABI, struct_size and kvh_layer_options_init") {
   CHECK(options.logit_softcap == 0.0f);
   CHECK(options.sinks == nullptr);
   CHECK(options.precision == KVH_PRECISION_F32);
+  CHECK(options.sliding_window == 0);
+  CHECK(options.kv_block_size == 0);
   // A program built before `precision` was added: its bytes are left alone
   // (the library reads the field as its default, f32).
   std::memset(&options, 0xab, sizeof options);
@@ -691,6 +734,11 @@ TEST_CASE("C API: options ABI, struct_size and kvh_layer_options_init") {
   CHECK(options.kv_dtype == KVH_KV_F32);
   CHECK(options.sinks == nullptr);
   CHECK(options.precision == int32_t(0xabababab));
+  // Before `kv_block_size`: the field is left alone, read as its default.
+  std::memset(&options, 0xab, sizeof options);
+  kvh_layer_options_init_sized(&options, offsetof(kvh_layer_options, kv_block_size));
+  CHECK(options.sliding_window == 0);
+  CHECK(options.kv_block_size == int32_t(0xabababab));
   std::memset(&options, 0xab, sizeof options);
   (kvh_layer_options_init)(&options);  // the exported function, as ctypes calls it
   CHECK(options.struct_size == sizeof(kvh_layer_options));

@@ -50,7 +50,8 @@ class _LayerOptions(ctypes.Structure):
                 ("rope_theta", ctypes.c_float), ("scale", ctypes.c_float), ("prefix", ctypes.c_char_p),
                 ("threads", ctypes.c_int32), ("kv_dtype", ctypes.c_int32), ("logit_softcap", ctypes.c_float),
                 ("sinks", ctypes.POINTER(ctypes.c_float)),
-                ("precision", ctypes.c_int32), ("sliding_window", ctypes.c_int64)]
+                ("precision", ctypes.c_int32), ("sliding_window", ctypes.c_int64),
+                ("kv_block_size", ctypes.c_int32)]
 
 
 # kvh_kv_dtype: how a cache made from a layer stores K and V.
@@ -109,11 +110,11 @@ class Library:
             raise KvheadError(status, self._c.kvh_last_error().decode(errors="replace"))
 
     def layer(self, path, num_heads, num_kv_heads=0, rope_theta=0.0, scale=0.0, prefix=None, threads=0,
-              kv_dtype="f32", precision="f32", sliding_window=0):
+              kv_dtype="f32", precision="f32", sliding_window=0, kv_block_size=0):
         """Layer.open with these options (kvh_layer_options: 0 means the default; kv_dtype a key of KV_DTYPES,
-        precision a key of PRECISIONS)."""
+        precision a key of PRECISIONS, kv_block_size 16, 32, 64, 128 or 256 tokens per block of its caches)."""
         return Layer(self, path, num_heads, num_kv_heads, rope_theta, scale, prefix, threads, kv_dtype, precision,
-                     sliding_window)
+                     sliding_window, kv_block_size)
 
     def cache(self, layer, byte_budget, num_layers=1):
         """A Cache for num_layers layers of the layer's geometry."""
@@ -135,7 +136,7 @@ class Layer:
     """One attention layer read from safetensors (kvh_layer). Close it, or use it in a with block."""
 
     def __init__(self, library, path, num_heads, num_kv_heads=0, rope_theta=0.0, scale=0.0, prefix=None, threads=0,
-                 kv_dtype="f32", precision="f32", sliding_window=0):
+                 kv_dtype="f32", precision="f32", sliding_window=0, kv_block_size=0):
         self._lib, c, self._handle = library, library._c, None
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
@@ -146,6 +147,7 @@ class Layer:
         options.num_heads, options.num_kv_heads, options.threads = num_heads, num_kv_heads, threads
         options.kv_dtype, options.precision = KV_DTYPES[kv_dtype], PRECISIONS[precision]
         options.rope_theta, options.scale, options.sliding_window = rope_theta, scale, sliding_window
+        options.kv_block_size = kv_block_size
         options.prefix = prefix.encode() if prefix is not None else None
         handle = ctypes.c_void_p()
         library.check(c.kvh_layer_open(os.fsencode(path), ctypes.byref(options), ctypes.byref(handle)))

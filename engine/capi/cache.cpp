@@ -153,7 +153,8 @@ kvh_status create_cache(const char* function, const kvh_layer* layer, std::int64
     const std::size_t layers = positive_count("num_layers", num_layers);
     check(byte_budget >= 1, KVH_ERR_INVALID_ARGUMENT, [] { return std::string("byte_budget = 0 (must be >= 1)"); });
     const attention_config& config = layer->layer.config();
-    *out = new kvh_cache{kv_cache({layers, config.num_kv_heads, config.head_dim, 0, byte_budget, layer->cache_dtype})};
+    *out = new kvh_cache{kv_cache(
+        {layers, config.num_kv_heads, config.head_dim, layer->cache_block_size, byte_budget, layer->cache_dtype})};
   });
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <iterator>
 #include <memory>
 
 #include <tbb/info.h>
@@ -40,6 +41,7 @@ constexpr kvh_layer_options default_options() {
   options.sinks = nullptr;
   options.precision = KVH_PRECISION_F32;
   options.sliding_window = 0;
+  options.kv_block_size = 0;
   return options;
 }
 
@@ -121,7 +123,14 @@ std::unique_ptr<kvh_layer> wrap(attention_layer layer, const kvh_layer_options& 
   });
   static_assert(int(kv_dtype::f32) == KVH_KV_F32 && int(kv_dtype::bf16) == KVH_KV_BF16 &&
                 int(kv_dtype::f16) == KVH_KV_F16 && int(kv_dtype::int8) == KVH_KV_INT8);
-  std::unique_ptr<kvh_layer> wrapped(new kvh_layer{std::move(layer), kv_dtype(options.kv_dtype), nullptr});
+  check(options.kv_block_size == 0 || std::ranges::find(kv_cache_block_sizes, std::size_t(options.kv_block_size)) !=
+                                          std::end(kv_cache_block_sizes),
+        KVH_ERR_INVALID_ARGUMENT, [&] {
+          return "options->kv_block_size = " + std::to_string(options.kv_block_size) +
+                 " (must be 16, 32, 64, 128 or 256; 0 = " + std::to_string(kv_cache_default_block_size) + ")";
+        });
+  std::unique_ptr<kvh_layer> wrapped(
+      new kvh_layer{std::move(layer), kv_dtype(options.kv_dtype), std::size_t(options.kv_block_size), nullptr});
   if (options.threads > 0) {
     const int threads = std::min<int>(options.threads, std::max(1, tbb::info::default_concurrency()));
     wrapped->arena = std::make_unique<tbb::task_arena>(threads);

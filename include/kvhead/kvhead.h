@@ -142,12 +142,15 @@ typedef struct kvh_layer_options {
   int64_t sliding_window;           /* sliding-window attention (Mistral, Qwen 2, Gemma 2, gpt-oss): key
                                        j visible to query i only if i - j < sliding_window; 0 = none,
                                        else > 0 */
+  int32_t kv_block_size;            /* tokens per block of the caches created from this layer: 16, 32,
+                                       64, 128 or 256; 0 = 256. Every size gives the same results;
+                                       a smaller one pins less memory per short sequence */
   /* Later versions add fields here, each documented with its default. */
 } kvh_layer_options;
 
 /* The defaults: num_heads 0 (must be set), num_kv_heads 0, rope_theta 0,
    scale 0, prefix NULL, threads 0, kv_dtype KVH_KV_F32, logit_softcap 0,
-   sinks NULL, precision KVH_PRECISION_F32, sliding_window 0; struct_size = the library's
+   sinks NULL, precision KVH_PRECISION_F32, sliding_window 0, kv_block_size 0; struct_size = the library's
    sizeof(kvh_layer_options). Through the macro below, C and C++ programs call
    kvh_layer_options_init_sized with their own sizeof. A NULL options is
    ignored. */
@@ -162,7 +165,8 @@ KVHEAD_API void kvh_layer_options_init_sized(kvh_layer_options* options, size_t 
    kvh_layer_close). num_heads must be >= 1, num_kv_heads >= 0 and dividing
    num_heads, rope_theta finite and >= 0 (> 0 needs an even head_dim), scale
    finite, threads 0 to 4096 (more than this machine's CPUs: capped there),
-   logit_softcap finite and >= 0, every sink finite, sliding_window >= 0. */
+   logit_softcap finite and >= 0, every sink finite, sliding_window >= 0,
+   kv_block_size 0 or one of 16, 32, 64, 128, 256. */
 KVHEAD_API kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options* options, kvh_layer** out);
 /* Layer layer_index of a Hugging Face model folder: config.json, and
    model.safetensors or model.safetensors.index.json with its shards (the
@@ -194,9 +198,9 @@ KVHEAD_API void kvh_layer_close(kvh_layer* layer);
 
 /* A one-layer cache for layers of this layer's num_kv_heads and head_dim,
    storing K/V as the layer's options->kv_dtype (any layer of the geometry
-   may then use it), with a pool of floor(byte_budget / block bytes) blocks of 256 tokens
-   allocated now (a budget below one block: KVH_ERR_INVALID_ARGUMENT; host
-   memory exhausted: KVH_ERR_CAPACITY). */
+   may then use it), with a pool of floor(byte_budget / block bytes) blocks of
+   options->kv_block_size tokens (256 by default) allocated now (a budget below one block: KVH_ERR_INVALID_ARGUMENT;
+   host memory exhausted: KVH_ERR_CAPACITY). */
 KVHEAD_API kvh_status kvh_cache_create(const kvh_layer* layer, size_t byte_budget, kvh_cache** out);
 /* A cache for num_layers >= 1 layers of this geometry sharing one id space:
    a token reserved by kvh_sequence_append has room in every layer at once
