@@ -188,15 +188,19 @@ struct kv_cache_internals;
 }
 
 /// Tokens per block when kv_cache_config::block_size is 0. Every block size
-/// (16, 32, 64, 128, 256) is read in place by the kernels, with the same
-/// results; chosen by benchmark (`decode_block_size` and
-/// `decode_block_size_bf16` in kvhead_bench, S1's shape, 1 thread, Zen 3
-/// under load, CPU time medians of 3): f32 16: 6.3 ms, 32: 4.4, 64: 4.1,
-/// 128: 4.0, 256: 3.7; bf16 3.8, 2.7, 2.2, 2.7, 2.4 ms. Small blocks cost
-/// more because each (layer, kv head) of a block is two short streams (K and
-/// V, 8 KiB each at 16 f32 tokens, d 128) that the hardware prefetchers pick
-/// up anew, and P·V runs in block-deep pieces. Smaller blocks waste less
-/// memory on short or forked sequences.
+/// (kv_cache_block_sizes, below) is read in place by the kernels, with the
+/// same results; 256 decodes fastest on every CPU measured. S1's shape from
+/// DRAM, 1 thread, time over block 256's (`decode_block_sizes[_<dtype>]` in
+/// kvhead_bench, AMD Zen 5, 2026-12-05), blocks 16 / 32 / 64 / 128: f32
+/// 1.28 / 1.25 / 1.18 / 1.06, bf16 1.16 / 1.19 / 1.14 / 1.08, f16 1.17 /
+/// 1.01 / 1.02 / 1.05, int8 1.09 / 1.11 / 1.06 / 1.09 (an Intel Xeon: f32
+/// within 3%, bf16, f16 and int8 up to 1.10-1.18 at block 16; README). The
+/// stream is the same (a sequence's blocks lie side by side, "Block
+/// layout"); the compute is not: a 16-key block's q kᵀ has 4 query rows x
+/// 16 keys to sum at once (4 FMA chains, half of what hides their latency)
+/// and each block is a call of p v, so with the cache in L3 block 16 takes
+/// 1.1-1.5x block 256's time. Smaller blocks waste less memory on short or
+/// forked sequences.
 inline constexpr std::size_t kv_cache_default_block_size = 256;
 
 /// Every block size a kv_cache takes (kv_cache_config::block_size), smallest
