@@ -74,6 +74,18 @@ def main():
         failures += not close
         print(f"precision bf16: max |y - y_f32| / max |y_f32| = {relative:.2e} "
               f"({'within' if close else 'OUTSIDE'} (0, 2e-2])")
+    # Caches of 16-token blocks (kv_block_size): the same bits, 20 tokens over two blocks.
+    with kvhead.layer(args.weights, args.heads, args.kv_heads, args.rope_theta, prefix=args.prefix,
+                      kv_block_size=16) as small, kvhead.cache(small, byte_budget=16 << 20) as cache:
+        tokens = random.standard_normal((20, small.d_model), dtype=np.float32)
+        sequence, free_before = cache.create(), cache.free_tokens
+        decoded = np.concatenate([cache.decode(small, [sequence], [1], tokens[t:t + 1]) for t in range(20)])
+        expected = small.forward(tokens[None], causal=True)[0]
+        same = np.array_equal(expected.view(np.uint32), decoded.view(np.uint32))
+        blocks_taken = (free_before - cache.free_tokens) // 16
+        failures += not same or blocks_taken != 2
+        print(f"kv_block_size 16: 20 tokens decoded one at a time in {blocks_taken} blocks: "
+              f"{'identical to' if same else 'DIFFERENT FROM'} the causal forward pass")
     try:
         kvhead.layer(args.weights + ".missing", args.heads)
         failures += 1
