@@ -150,10 +150,10 @@ typedef struct kvh_layer_options {
 
 /* The defaults: num_heads 0 (must be set), num_kv_heads 0, rope_theta 0,
    scale 0, prefix NULL, threads 0, kv_dtype KVH_KV_F32, logit_softcap 0,
-   sinks NULL, precision KVH_PRECISION_F32, sliding_window 0, kv_block_size 0; struct_size = the library's
-   sizeof(kvh_layer_options). Through the macro below, C and C++ programs call
-   kvh_layer_options_init_sized with their own sizeof. A NULL options is
-   ignored. */
+   sinks NULL, precision KVH_PRECISION_F32, sliding_window 0, kv_block_size 0;
+   struct_size = the library's sizeof(kvh_layer_options). Through the macro
+   below, C and C++ programs call kvh_layer_options_init_sized with their own
+   sizeof. A NULL options is ignored. */
 KVHEAD_API void kvh_layer_options_init(kvh_layer_options* options);
 /* Sets every field lying within the first struct_size bytes to its default
    and options->struct_size to struct_size; a struct_size below the first
@@ -199,8 +199,9 @@ KVHEAD_API void kvh_layer_close(kvh_layer* layer);
 /* A one-layer cache for layers of this layer's num_kv_heads and head_dim,
    storing K/V as the layer's options->kv_dtype (any layer of the geometry
    may then use it), with a pool of floor(byte_budget / block bytes) blocks of
-   options->kv_block_size tokens (256 by default) allocated now (a budget below one block: KVH_ERR_INVALID_ARGUMENT;
-   host memory exhausted: KVH_ERR_CAPACITY). */
+   the layer's options->kv_block_size tokens (256 by default) allocated now
+   (a budget below one block: KVH_ERR_INVALID_ARGUMENT; host memory
+   exhausted: KVH_ERR_CAPACITY). */
 KVHEAD_API kvh_status kvh_cache_create(const kvh_layer* layer, size_t byte_budget, kvh_cache** out);
 /* A cache for num_layers >= 1 layers of this geometry sharing one id space:
    a token reserved by kvh_sequence_append has room in every layer at once
