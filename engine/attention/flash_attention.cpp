@@ -1,6 +1,7 @@
 #include "engine/attention/flash_attention.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -77,9 +78,11 @@ void paged_product(product_kind kind, attention_product product, gemm_shape shap
   }
 }
 
-// Whether one stored element is finite (int8 always is: a non-finite row of
-// an int8 cache has a NaN scale instead, applied to visible keys only).
-bool finite_element(float x) { return std::isfinite(x); }
+// Whether one stored element is finite, from its bits: the exponent field all
+// ones is Inf or NaN (int8 always is finite: a non-finite row of an int8
+// cache has a NaN scale instead, applied to visible keys only). Integer
+// compares, so that a run of them vectorizes (all_finite_run).
+bool finite_element(float x) { return (std::bit_cast<std::uint32_t>(x) & 0x7f800000u) != 0x7f800000u; }
 bool finite_element(bf16_bits x) { return (x.bits & 0x7f80) != 0x7f80; }
 bool finite_element(f16_bits x) { return (x.bits & 0x7c00) != 0x7c00; }
 
@@ -87,6 +90,16 @@ bool finite_element(f16_bits x) { return (x.bits & 0x7c00) != 0x7c00; }
 std::size_t packed_offset(const packed_b_view& values, std::size_t row, std::size_t col) {
   if (values.layout == panel_layout::tile_pairs) return tile_pairs_offset(values.k, row, col);
   return pack_b_offset(gemm_config_for(values.path), values.k, values.n, row, col);
+}
+
+// True when elements [0, count) are all finite: one pass with no early exit,
+// which the compiler vectorizes (V is checked once per chunk it packs, and a
+// non-finite value is the rare case).
+template <class Element>
+bool all_finite_run(const Element* elements, std::size_t count) {
+  unsigned special = 0;
+  for (std::size_t i = 0; i < count; ++i) special |= unsigned(!finite_element(elements[i]));
+  return special == 0;
 }
 
 // True when the first `rows` rows of every panel of a packed V (k x n) are
@@ -99,8 +112,7 @@ bool all_finite_elements(const packed_b_view& values, std::size_t rows) {
   const std::size_t leading = pairs ? rows / 2 * 2 : rows;  // rows in whole pairs
   for (std::size_t col = 0; col < values.n; col += nr) {
     const Element* start = static_cast<const Element*>(values.panels) + packed_offset(values, 0, col);
-    for (std::size_t i = 0; i < leading * nr; ++i)
-      if (!finite_element(start[i])) return false;
+    if (!all_finite_run(start, leading * nr)) return false;
     for (std::size_t lane = 0; lane < (rows > leading ? nr : 0); ++lane)  // the even row of the last pair
       if (!finite_element(start[packed_offset(values, leading, lane)])) return false;
   }
@@ -124,8 +136,7 @@ bool all_finite(const packed_b_view& values, std::size_t rows) {
 // True when rows [0, rows) of a V read in place (cols floats each) are finite.
 bool all_finite(const gemm_operand& values, std::size_t rows, std::size_t cols) {
   for (std::size_t row = 0; row < rows; ++row)
-    for (std::size_t col = 0; col < cols; ++col)
-      if (!std::isfinite(values.data[row * values.ld + col])) return false;
+    if (!all_finite_run(values.data + row * values.ld, cols)) return false;
   return true;
 }
 
