@@ -538,6 +538,20 @@ TEST_CASE("C API: options->kv_block_size: caches of smaller blocks, the same bit
       kvh_layer_close(layer);
     }
   }
+  // A caller built before the field: its struct ends before kv_block_size, whatever lies there is not read, and
+  // the caches have the default blocks (one 256-token block holds the 70 tokens).
+  kvh_layer_options older = default_options();
+  older.struct_size = offsetof(kvh_layer_options, kv_block_size);
+  older.kv_block_size = 7;
+  kvh_layer* layer = open_layer(path, older);
+  kvh_cache* cache = nullptr;
+  REQUIRE(kvh_cache_create(layer, 32 * small_block_bytes, &cache) == KVH_OK);
+  int64_t id = 0;
+  REQUIRE(kvh_sequence_create(cache, &id) == KVH_OK);
+  CHECK(same_bits(decode_tokens(layer, cache, id, x), forward(layer, x)));
+  CHECK(kvh_cache_free_tokens(cache) == 256);
+  kvh_cache_destroy(cache);
+  kvh_layer_close(layer);
 }
 
 TEST_CASE("C API: options->sliding_window, and kvh_sequence_drop_outside_window") {
