@@ -5,8 +5,10 @@
 //
 // exp accuracy (xsimd 8.1's float exp, step for step, its multiply-adds
 // fused on avx512 as xsimd fuses them on avx2 (softmax_impl.hpp's
-// exp_lanes): avx512 and avx2 give the same bits for all 2^32 inputs
-// (checked once, 2026-12-03; tests/exp_test.cpp on a sweep). Measured on
+// exp_lanes): avx512 and avx2 give the same bits for all 2^32 inputs but
+// NaN, where the two paths' NaN outputs may differ in sign (checked once,
+// 2026-12-03, and again after avx512's 2^k became a vscalefps, 2026-12-05;
+// tests/exp_test.cpp on a sweep). Measured on
 // avx2 and sse2 against a double std::exp rounded to float, over every one
 // of the 2.24e9 floats in the range, and re-checked on a 3.6M-input sweep by
 // tests/exp_test.cpp):

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include <xsimd/xsimd.hpp>
 
@@ -79,6 +80,37 @@ template <class Arch, class Body>
   std::copy(x_tail, x_tail + (n - full), out + full);
 }
 
+// What the caller of exp_lanes knows of its arguments.
+enum class exp_arguments {
+  any,
+  // Every lane <= 0 or NaN (x - max, as the softmax passes take it): the
+  // overflow to +inf from maxlog up cannot happen, and its select is left out.
+  non_positive,
+};
+
+// e * 2^k for exp_lanes' integral k, as xsimd 8.1's ldexp computes it there
+// (e times the float whose exponent field is k + 127), and 0 where x <=
+// minlog. On avx512 a vscalefps takes k as a float: three instructions
+// fewer than ldexp's conversion, add, shift and multiply, and the same bits
+// for all 2^32 x, NaN payloads included (checked once, Zen 5, 2026-12-05):
+// both are e * 2^k rounded once where k >= -126; where k <= -127 ldexp's
+// 2^k is 0, as is every result from minlog down, so one select on k gives
+// both zeros. k enters vscalefps clamped, never NaN, so a NaN x's result is
+// e's NaN on any CPU, as ldexp's is. Elsewhere ldexp itself.
+template <class Arch>
+xsimd::batch<float, Arch> times_two_to_the(const xsimd::batch<float, Arch>& e, const xsimd::batch<float, Arch>& k,
+                                           const xsimd::batch<float, Arch>& x) {
+  using batch = xsimd::batch<float, Arch>;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<Arch, xsimd::avx512bw>) {
+    const __m512 lowest = batch(-127.0f);
+    const __mmask16 nonzero = _mm512_cmp_ps_mask(k, lowest, _CMP_NLE_UQ);  // k > -127, or NaN
+    return batch(_mm512_maskz_scalef_ps(nonzero, e, _mm512_max_ps(k, lowest)));
+  }
+#endif
+  return xsimd::select(x <= xsimd::constants::minlog<batch>(), batch(0.0f), xsimd::ldexp(e, xsimd::to_int(k)));
+}
+
 // exp of every lane: xsimd 8.1's float exp step for step (Cephes: k =
 // round(x / ln 2), r = x - k ln 2 in two parts, 1 + r + r^2 P(r) with P of
 // degree 4 in Horner form, times 2^k; 0 from minlog down, +inf from maxlog
@@ -87,7 +119,7 @@ template <class Arch, class Body>
 // separate multiplies and adds, on a longer dependency chain (exp_floats on
 // Zen 5: 5.6 -> 8.3 G elements/s). The same bits as xsimd::exp on avx2 and
 // sse2; on avx512 the same bits as avx2, lane for lane.
-template <class Arch>
+template <class Arch, exp_arguments arguments = exp_arguments::any>
 xsimd::batch<float, Arch> exp_lanes(const xsimd::batch<float, Arch>& x) {
   using batch = xsimd::batch<float, Arch>;
   namespace constants = xsimd::constants;
@@ -99,7 +131,8 @@ xsimd::batch<float, Arch> exp_lanes(const xsimd::batch<float, Arch>& x) {
   for (const std::uint32_t coefficient : {0x3c098d8bu, 0x3d2aa957u, 0x3e2aa9a5u, 0x3f000000u})
     poly = multiply_add(r, poly, batch(std::bit_cast<float>(coefficient)));
   const batch e = multiply_add(poly, r * r, r) + batch(1.0f);
-  const batch scaled = xsimd::select(x <= constants::minlog<batch>(), batch(0.0f), xsimd::ldexp(e, xsimd::to_int(k)));
+  const batch scaled = times_two_to_the(e, k, x);
+  if constexpr (arguments == exp_arguments::non_positive) return scaled;
   return xsimd::select(x >= constants::maxlog<batch>(), constants::infinity<batch>(), scaled);
 }
 
@@ -147,13 +180,15 @@ float row_max(const float* x, std::size_t n) {
 // Pass "exp and sum": x[j] = exp(x[j] - shift) in place, returns the sum of
 // the new x in the fixed order of softmax.hpp (lane-wise in increasing j,
 // then hadd). The -inf padding becomes exp(-inf) = 0 and adds exactly 0.
+// shift is at least every x[j] but NaN (the callers' max, or 0 when every
+// x[j] is -inf or NaN), so each argument is <= 0 or NaN.
 template <class Arch>
 float exp_shift_sum(float* x, std::size_t n, float shift) {
   using batch = xsimd::batch<float, Arch>;
   const batch shift_v(shift);
   batch sum(0.0f);
   map_blocks<Arch>(x, x, n, minus_infinity, [&](const batch& v) {
-    const batch e = exp_lanes(v - shift_v);
+    const batch e = exp_lanes<Arch, exp_arguments::non_positive>(v - shift_v);
     sum += e;
     return e;
   });
