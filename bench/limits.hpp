@@ -23,16 +23,22 @@
 // fma_peak_gflops(t), bf16_peak_gflops(t), attention_bf16_peak_gflops(t),
 // attention_int8_peak_gflops(t) and dram_read_gbps(t) are the limits the other benchmarks
 // report their pct_peak and pct_dram against: measured once per thread count,
-// on first use, over about 0.3 s (the best of the runs in that time: noise
-// only slows a run), then
-// cached for the rest of the process.
+// on first use, over about 0.3 s (the best of the runs in that time whose
+// threads all ran at once: noise only slows a run), then cached for the rest
+// of the process.
 #pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
 
 #include <tbb/task_arena.h>
 
 #include "engine/gemm/gemm_bf16.hpp"
 
 namespace kvhead::bench {
+
+struct fma_kernel;  // a peak kernel and its flops per loop trip (limits.cpp)
 
 class limit_kernels {
  public:
@@ -53,10 +59,26 @@ class limit_kernels {
   double attention_int8_flops();
   /// One pass over the DRAM buffer, split among the threads: bytes read.
   double dram_bytes();
+  /// Whether the last run's slices ran at the same time, each on its own
+  /// thread (always, at 1 thread): a run whose slices took turns (a worker
+  /// late, or its core taken by another process) measured fewer cores.
+  bool last_run_concurrent() const { return concurrent_; }
 
  private:
+  struct slice_times {
+    int thread = -1;  // the arena slot that ran it
+    std::chrono::steady_clock::time_point begin, end;
+  };
+  /// slice(t) for t in [0, threads) on the arena's threads, one each; sets concurrent_.
+  template <class Slice>
+  void run_slices(Slice slice);
+  /// `kernel`'s chains, `loops` trips, on every thread: the operations done.
+  double run_chains(const fma_kernel& kernel, std::uint64_t loops);
+
   int threads_;
   tbb::task_arena arena_;
+  std::vector<slice_times> slices_;
+  bool concurrent_ = true;
 };
 
 double fma_peak_gflops(int threads);
