@@ -94,9 +94,9 @@ enum class exp_arguments {
 // fewer than ldexp's conversion, add, shift and multiply, and the same bits
 // for all 2^32 x, NaN payloads included (checked once, Zen 5, 2026-12-05):
 // both are e * 2^k rounded once where k >= -126; where k <= -127 ldexp's
-// 2^k is 0, as is every result from minlog down, so one select on k gives
-// both zeros. k enters vscalefps clamped, never NaN, so a NaN x's result is
-// e's NaN on any CPU, as ldexp's is. Elsewhere ldexp itself.
+// 2^k is 0, as is every result from minlog down, so vscalefps's zero mask on
+// k <= -127 gives both zeros. k enters it clamped, never NaN, so a NaN x's
+// result is e's NaN on any CPU, as ldexp's is. Elsewhere ldexp itself.
 template <class Arch>
 xsimd::batch<float, Arch> times_two_to_the(const xsimd::batch<float, Arch>& e, const xsimd::batch<float, Arch>& k,
                                            const xsimd::batch<float, Arch>& x) {
