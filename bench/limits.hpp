@@ -17,7 +17,9 @@
 //              run (p v's instruction; q kᵀ's vpdpbusd does twice the
 //              multiply-adds per instruction), else the FMA peak;
 //   DRAM read  a streaming read of a 1 GiB buffer on 2 MiB pages (the
-//              engine's aligned_buffer, as the KV pool), touched once first.
+//              engine's aligned_buffer, as the KV pool), touched once first,
+//              each thread's slice as one stream or as two halves in
+//              lockstep, whichever reads faster here.
 // Both run on the threads of a tbb::task_arena, one slice of the work each.
 //
 // fma_peak_gflops(t), bf16_peak_gflops(t), attention_bf16_peak_gflops(t),
@@ -57,8 +59,9 @@ class limit_kernels {
   /// One run of the peak kernel of the int8 cache's products (gemm_int8_paged
   /// where it runs, else the FMA chains): operations done.
   double attention_int8_flops();
-  /// One pass over the DRAM buffer, split among the threads: bytes read.
-  double dram_bytes();
+  /// One pass over the DRAM buffer, split among the threads, each reading
+  /// its slice as `streams` (1 or 2) equal parts in lockstep: bytes read.
+  double dram_bytes(std::size_t streams);
   /// Whether the last run's slices ran at the same time, each on its own
   /// thread (always, at 1 thread): a run whose slices took turns (a worker
   /// late, or its core taken by another process) measured fewer cores.
@@ -86,5 +89,7 @@ double bf16_peak_gflops(int threads);
 double attention_bf16_peak_gflops(int threads);
 double attention_int8_peak_gflops(int threads);
 double dram_read_gbps(int threads);
+/// The streams per thread (1 or 2) of the faster DRAM pass, the one dram_read_gbps measured.
+std::size_t dram_read_streams(int threads);
 
 }  // namespace kvhead::bench

@@ -9,7 +9,9 @@
 //                                products); counter gflops (int16 operations);
 //                                skipped where those kernels do not run;
 //   limit_dram_read/threads:<t>  one streaming pass over 1 GiB split among t
-//                                threads; counter gbps.
+//                                threads, each slice read as the streams
+//                                (1 or 2) that read faster here; counters
+//                                gbps and streams.
 #include "bench/bench_util.hpp"
 #include "bench/limits.hpp"
 #include "engine/gemm/gemm_int8.hpp"
@@ -53,10 +55,13 @@ void limit_avx512vnni(benchmark::State& state) {
 }
 
 void limit_dram_read(benchmark::State& state) {
-  kvhead::bench::limit_kernels kernels(int(state.range(0)));
+  const int threads = int(state.range(0));
+  const std::size_t streams = kvhead::bench::dram_read_streams(threads);
+  kvhead::bench::limit_kernels kernels(threads);
   double bytes = 0.0;
-  for (auto _ : state) bytes = kernels.dram_bytes();
+  for (auto _ : state) bytes = kernels.dram_bytes(streams);
   state.counters["gbps"] = kvhead::bench::rate(bytes * 1e-9);
+  state.counters["streams"] = double(streams);
 }
 
 }  // namespace
