@@ -377,10 +377,10 @@ double fma_peak_gflops(int threads) {
 }
 
 // The DRAM limit: each thread's slice read as one stream and as two in
-// lockstep, the faster of the two. On Zen 5 two streams read 4-12% faster
-// at 1 thread and 3-8% at 2 (a loop outside kvhead, 3 rounds), and
-// limit_dram_read with two against one, in turn, 11-12% (2026-12-05): a
-// decode step reads K and V, two streams, and S5 had measured 99% of the
+// lockstep, the faster of the two, as a ceiling is the most the machine
+// reads. On Zen 5 two streams read 4-12% faster at 1 thread and 3-8% at 2
+// (a loop outside kvhead, 3 rounds), and limit_dram_read with two against
+// one, in turn, 11-25% (2026-12-05), where S5 had measured 99% of the
 // one-stream rate.
 struct dram_limit {
   double gbps;
