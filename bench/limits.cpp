@@ -269,7 +269,7 @@ double best_rate(limit_kernels& kernels, Run run, const char* name, int threads)
   double best = 0.0, best_concurrent = 0.0;
   int concurrent_runs = 0;
   const clock::time_point start = clock::now();
-  for (int runs = 0; clock::now() - start < std::chrono::milliseconds(300) || runs < 3 || concurrent_runs < 3; ++runs) {
+  while (clock::now() - start < std::chrono::milliseconds(300) || concurrent_runs < 3) {
     if (clock::now() - start > std::chrono::seconds(10)) break;
     const clock::time_point begin = clock::now();
     const double work = run();
