@@ -26,7 +26,15 @@
 //       move by 5-30% within a minute) falls on all of them alike. Counters
 //       <variant>_us (median time of a call) and <variant>_ratio: the median
 //       over iterations of its time over f32's in the same iteration, or its
-//       median over the lowest median of the block sizes.
+//       median over the lowest median of the block sizes;
+//   S1_decode_gqa_vs_dram/threads:<t>, S5_decode_ragged16_vs_dram/threads:<t>
+//       the shape over each dtype, each call paired in its iteration with a
+//       streaming read of as many bytes from the DRAM limit's buffer in its
+//       faster pattern (limit_kernels::dram_bytes_next): <dtype>_pct_dram is
+//       the median over iterations of the call's rate in percent of its
+//       read's. pct_dram divides a median time by the best rate of the
+//       limit's window; where the host's DRAM rate moves from one minute to
+//       the next (Zen 5: S1 1.05-1.6 ms), a call and its read share their moment.
 // Counters: gbps = K/V bytes read per call (stored elements, plus int8's
 // scales), gflops = 4 H d (past + 1), and pct_dram, except S4 (each K/V byte
 // serves 32 query heads): pct_peak, of the FMA peak, over a bf16 or int8
@@ -69,8 +77,11 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-// What run_interleaved divides each variant's time by.
-enum class compare_to { first, fastest };
+// What run_interleaved divides each variant's time by: the first variant's
+// in the same iteration, the fastest variant's median, or the time of a
+// streaming read of the same bytes in the same iteration (dram_read: the
+// counter is then the rate's percent of that read's).
+enum class compare_to { first, fastest, dram_read };
 
 // Variants of one decode (the same calls, other caches), one call of each in
 // turn per iteration, on range(0) threads; counters as the header says.
@@ -95,25 +106,41 @@ void run_interleaved(benchmark::State& state,
   std::vector<float> out(q.size());
   tbb::task_arena arena(int(state.range(0)));
   for (const auto& decode : decodes) arena.execute([&] { decode->run(0, q.data(), out.data()); });  // untimed
-  std::vector<std::vector<double>> seconds(variants.size());
+  std::vector<std::vector<double>> seconds(variants.size()), read_seconds(variants.size());
+  // dram_read: the read before the call in odd iterations, after it in even
+  // ones, so that neither always meets the caches the other left.
+  const int threads = int(state.range(0));
+  kvhead::bench::limit_kernels reader(threads);
+  auto time_read = [&](std::size_t v) {
+    const auto start = std::chrono::steady_clock::now();
+    reader.dram_bytes_next(std::size_t(shapes[v].bytes_per_call()), kvhead::bench::dram_read_streams(threads));
+    read_seconds[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  };
   std::size_t next = 0;
   for (auto _ : state) {
     for (std::size_t v = 0; v < variants.size(); ++v) {
+      if (baseline == compare_to::dram_read && next % 2 == 1) time_read(v);
       const auto start = std::chrono::steady_clock::now();
       arena.execute([&] { decodes[v]->run(next % shapes[v].calls(), q.data(), out.data()); });
       seconds[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       benchmark::DoNotOptimize(out.data());
+      if (baseline == compare_to::dram_read && next % 2 == 0) time_read(v);
     }
     ++next;
   }
   double fastest = median(seconds[0]);
   for (const std::vector<double>& times : seconds) fastest = std::min(fastest, median(times));
   for (std::size_t v = 0; v < variants.size(); ++v) {
-    std::vector<double> ratios;  // paired with the first variant's call of the same iteration
-    for (std::size_t i = 0; i < seconds[v].size(); ++i) ratios.push_back(seconds[v][i] / seconds[0][i]);
+    std::vector<double> ratios;  // paired with the first variant's call (or the read) of the same iteration
+    for (std::size_t i = 0; i < seconds[v].size(); ++i)
+      ratios.push_back(baseline == compare_to::dram_read ? 100.0 * read_seconds[v][i] / seconds[v][i]
+                                                         : seconds[v][i] / seconds[0][i]);
     state.counters[variants[v].first + "_us"] = median(seconds[v]) * 1e6;
-    state.counters[variants[v].first + "_ratio"] =
-        baseline == compare_to::first ? median(ratios) : median(seconds[v]) / fastest;
+    if (baseline == compare_to::dram_read)
+      state.counters[variants[v].first + "_pct_dram"] = median(ratios);
+    else
+      state.counters[variants[v].first + "_ratio"] =
+          baseline == compare_to::first ? median(ratios) : median(seconds[v]) / fastest;
   }
 }
 
@@ -174,12 +201,12 @@ void decode_block_size(benchmark::State& state, kvhead::kv_dtype dtype) {
   run_cached_decode(state, s1_in_blocks(dtype, std::size_t(state.range(0))), bound_by::dram_read, int(state.range(1)));
 }
 
-void decode_dtypes(benchmark::State& state, decode_shape shape) {
+void decode_dtypes(benchmark::State& state, decode_shape shape, compare_to baseline) {
   std::vector<std::pair<std::string, decode_shape>> variants;
   for (const kvhead::kv_dtype dtype :
        {kvhead::kv_dtype::f32, kvhead::kv_dtype::bf16, kvhead::kv_dtype::f16, kvhead::kv_dtype::int8})
     variants.emplace_back(kvhead::to_string(dtype), with_dtype(shape, dtype));
-  run_interleaved(state, variants, compare_to::first);
+  run_interleaved(state, variants, baseline);
 }
 
 void decode_block_sizes(benchmark::State& state, kvhead::kv_dtype dtype) {
@@ -209,9 +236,18 @@ const bool registered = [] {
         ->ArgNames({"threads"})
         ->Arg(1)
         ->UseRealTime();
-  for (const auto& [name, shape] : {std::pair{"S1_decode_gqa_dtypes", kvhead::bench::s1_decode_gqa()},
-                                    std::pair{"S5_decode_ragged16_dtypes", kvhead::bench::s5_decode_ragged16()}})
-    benchmark::RegisterBenchmark(name, decode_dtypes, shape)->ArgNames({"threads"})->Arg(1)->UseRealTime();
+  for (const auto& [name, shape] : {std::pair{"S1_decode_gqa", kvhead::bench::s1_decode_gqa()},
+                                    std::pair{"S5_decode_ragged16", kvhead::bench::s5_decode_ragged16()}}) {
+    benchmark::RegisterBenchmark((std::string(name) + "_dtypes").c_str(), decode_dtypes, shape, compare_to::first)
+        ->ArgNames({"threads"})
+        ->Arg(1)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark((std::string(name) + "_vs_dram").c_str(), decode_dtypes, shape, compare_to::dram_read)
+        ->ArgNames({"threads"})
+        ->Arg(1)
+        ->Arg(2)
+        ->UseRealTime();
+  }
   for (const kvhead::kv_dtype dtype : dtypes)
     benchmark::RegisterBenchmark(dtype_name("cache_write", dtype).c_str(), cache_write, dtype)
         ->ArgNames({"threads"})

@@ -361,13 +361,21 @@ double limit_kernels::attention_bf16_flops() {
 }
 
 double limit_kernels::dram_bytes(std::size_t streams) {
-  const float* buffer = dram_buffer();
-  const std::size_t slice = dram_floats / std::size_t(threads_) / 64 * 64;
+  next_float_ = 0;
+  return dram_bytes_next(dram_floats * sizeof(float), streams);
+}
+
+double limit_kernels::dram_bytes_next(std::size_t bytes, std::size_t streams) {
+  const std::size_t floats = std::min(bytes / sizeof(float), dram_floats);
+  const std::size_t slice = floats / std::size_t(threads_) / 64 * 64;
+  if (next_float_ + slice * std::size_t(threads_) > dram_floats) next_float_ = 0;
+  const float* const buffer = dram_buffer() + next_float_;
   run_slices([&](int t) {
     const float* const start = buffer + std::size_t(t) * slice;
     const float sum = streams == 2 ? stream_sum<2>(start, slice) : stream_sum<1>(start, slice);
     benchmark::DoNotOptimize(sum);
   });
+  next_float_ += slice * std::size_t(threads_);
   return double(slice * std::size_t(threads_) * sizeof(float));
 }
 

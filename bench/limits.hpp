@@ -62,6 +62,11 @@ class limit_kernels {
   /// One pass over the DRAM buffer, split among the threads, each reading
   /// its slice as `streams` (1 or 2) equal parts in lockstep: bytes read.
   double dram_bytes(std::size_t streams);
+  /// The next `bytes` of the DRAM buffer (at most all of it, in whole steps
+  /// of 64 floats per slice), from where the last such read stopped, read as
+  /// dram_bytes reads the whole: bytes read. A pass of the size of a decode
+  /// call, to time in the same iterations as the call (decode_bench.cpp).
+  double dram_bytes_next(std::size_t bytes, std::size_t streams);
   /// Whether the last run's slices ran at the same time, each on its own
   /// thread (always, at 1 thread): a run whose slices took turns (a worker
   /// late, or its core taken by another process) measured fewer cores.
@@ -82,6 +87,7 @@ class limit_kernels {
   tbb::task_arena arena_;
   std::vector<slice_times> slices_;
   bool concurrent_ = true;
+  std::size_t next_float_ = 0;  // where dram_bytes_next reads from
 };
 
 double fma_peak_gflops(int threads);
