@@ -27,14 +27,17 @@
 //       <variant>_us (median time of a call) and <variant>_ratio: the median
 //       over iterations of its time over f32's in the same iteration, or its
 //       median over the lowest median of the block sizes;
-//   S1_decode_gqa_vs_dram/threads:<t>, S5_decode_ragged16_vs_dram/threads:<t>
-//       the shape over each dtype, each call paired in its iteration with a
-//       streaming read of as many bytes from the DRAM limit's buffer in its
-//       faster pattern (limit_kernels::dram_bytes_next): <dtype>_pct_dram is
-//       the median over iterations of the call's rate in percent of its
-//       read's. pct_dram divides a median time by the best rate of the
-//       limit's window; where the host's DRAM rate moves from one minute to
-//       the next (Zen 5: S1 1.05-1.6 ms), a call and its read share their moment.
+//   S1_decode_gqa_vs_limit/threads:<t>, S4_decode_mqa_vs_limit/threads:<t>,
+//   S5_decode_ragged16_vs_limit/threads:<t>  the shape over each dtype, each
+//       call paired in its iteration with a run of its limit doing the call's
+//       work (limit_kernels::limit_work): a streaming read of as many bytes
+//       from the DRAM limit's buffer in its faster pattern (S1, S5), the peak
+//       chains of S4's pct_peak for as many operations. Counters
+//       <dtype>_pct_dram or <dtype>_pct_peak: the median over iterations of
+//       the call's rate in percent of its limit run's. pct_dram and pct_peak
+//       divide a median time by the best rate of the limit's window; where
+//       the host's rates move from one minute to the next (Zen 5: S1 1.05-1.6
+//       ms), a call and its limit run share their moment.
 // Counters: gbps = K/V bytes read per call (stored elements, plus int8's
 // scales), gflops = 4 H d (past + 1), and pct_dram, except S4 (each K/V byte
 // serves 32 query heads): pct_peak, of the FMA peak, over a bf16 or int8
@@ -43,6 +46,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -71,6 +75,8 @@ void kvhead::bench::run_cached_decode(benchmark::State& state, const decode_shap
 
 namespace {
 
+using kvhead::bench::bound_by;
+
 // The middle value (the upper middle for an even count).
 double median(std::vector<double> values) {
   std::nth_element(values.begin(), values.begin() + std::ptrdiff_t(values.size() / 2), values.end());
@@ -78,18 +84,22 @@ double median(std::vector<double> values) {
 }
 
 // What run_interleaved divides each variant's time by: the first variant's
-// in the same iteration, the fastest variant's median, or the time of a
-// streaming read of the same bytes in the same iteration (dram_read: the
-// counter is then the rate's percent of that read's).
-enum class compare_to { first, fastest, dram_read };
+// in the same iteration, the fastest variant's median, or the time its limit
+// takes for the call's work (its bytes or operations) in the same iteration
+// (limit: the counter is then the rate's percent of the limit's).
+enum class compare_to { first, fastest, limit };
+
+struct decode_variant {
+  std::string name;
+  kvhead::bench::decode_shape shape;
+  bound_by limit = bound_by::dram_read;  // what compare_to::limit pairs its calls with
+};
 
 // Variants of one decode (the same calls, other caches), one call of each in
 // turn per iteration, on range(0) threads; counters as the header says.
-void run_interleaved(benchmark::State& state,
-                     const std::vector<std::pair<std::string, kvhead::bench::decode_shape>>& variants,
-                     compare_to baseline) {
+void run_interleaved(benchmark::State& state, const std::vector<decode_variant>& variants, compare_to baseline) {
   std::vector<kvhead::bench::decode_shape> shapes;
-  for (const auto& variant : variants) shapes.push_back(kvhead::bench::from_dram(variant.second));
+  for (const decode_variant& variant : variants) shapes.push_back(kvhead::bench::from_dram(variant.shape));
   // Each call of this function (a repetition) allocates the variants' caches
   // starting one variant later: on these guests the memory an allocation gets
   // sets its stream's rate (Zen 5, S1 over f32 at block 16: 1.08 ms over one
@@ -104,47 +114,66 @@ void run_interleaved(benchmark::State& state,
   ++first_allocated;
   const auto q = kvhead::bench::decode_queries(shapes.front());
   std::vector<float> out(q.size());
-  tbb::task_arena arena(int(state.range(0)));
+  // The calls run on the limit runs' arena: a second arena's calls left its
+  // one worker there, and 2-thread limit runs of a call's length then ran
+  // their slices one after the other (S4 at 2 threads: 117-129% of them).
+  kvhead::bench::limit_kernels limit_runs(int(state.range(0)));
+  tbb::task_arena& arena = limit_runs.arena();
   for (const auto& decode : decodes) arena.execute([&] { decode->run(0, q.data(), out.data()); });  // untimed
-  std::vector<std::vector<double>> seconds(variants.size()), read_seconds(variants.size());
-  // dram_read: the read before the call in odd iterations, after it in even
-  // ones, so that neither always meets the caches the other left.
-  const int threads = int(state.range(0));
-  kvhead::bench::limit_kernels reader(threads);
-  auto time_read = [&](std::size_t v) {
-    const auto start = std::chrono::steady_clock::now();
-    reader.dram_bytes_next(std::size_t(shapes[v].bytes_per_call()), kvhead::bench::dram_read_streams(threads));
-    read_seconds[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  std::vector<std::vector<double>> seconds(variants.size());
+  // compare_to::limit: the limit's run before the call in odd iterations,
+  // after it in even ones, so that neither always meets the caches the other
+  // left; its rate, limit_work's work over its time, from a run whose slices
+  // ran at the same time (up to 4 tries; else the iteration has no ratio).
+  std::vector<std::vector<double>> limit_rates(variants.size());
+  auto work_of = [&](std::size_t v) {
+    return variants[v].limit == bound_by::dram_read ? shapes[v].bytes_per_call() : shapes[v].flops_per_call();
+  };
+  auto time_limit = [&](std::size_t v) {
+    double rate = 0.0;
+    for (int tries = 0; tries < 4 && rate == 0.0; ++tries) {
+      const auto start = std::chrono::steady_clock::now();
+      const double work = limit_runs.limit_work(variants[v].limit, work_of(v));
+      const double seconds_taken = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (limit_runs.last_run_concurrent()) rate = work / seconds_taken;
+    }
+    limit_rates[v].push_back(rate);
   };
   std::size_t next = 0;
   for (auto _ : state) {
     for (std::size_t v = 0; v < variants.size(); ++v) {
-      if (baseline == compare_to::dram_read && next % 2 == 1) time_read(v);
+      if (baseline == compare_to::limit && next % 2 == 1) time_limit(v);
       const auto start = std::chrono::steady_clock::now();
       arena.execute([&] { decodes[v]->run(next % shapes[v].calls(), q.data(), out.data()); });
       seconds[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       benchmark::DoNotOptimize(out.data());
-      if (baseline == compare_to::dram_read && next % 2 == 0) time_read(v);
+      if (baseline == compare_to::limit && next % 2 == 0) time_limit(v);
     }
     ++next;
   }
   double fastest = median(seconds[0]);
   for (const std::vector<double>& times : seconds) fastest = std::min(fastest, median(times));
   for (std::size_t v = 0; v < variants.size(); ++v) {
-    std::vector<double> ratios;  // paired with the first variant's call (or the read) of the same iteration
+    std::vector<double> ratios;  // paired with the first variant's call (or the limit's run) of the same iteration
     for (std::size_t i = 0; i < seconds[v].size(); ++i)
-      ratios.push_back(baseline == compare_to::dram_read ? 100.0 * read_seconds[v][i] / seconds[v][i]
-                                                         : seconds[v][i] / seconds[0][i]);
-    state.counters[variants[v].first + "_us"] = median(seconds[v]) * 1e6;
-    if (baseline == compare_to::dram_read)
-      state.counters[variants[v].first + "_pct_dram"] = median(ratios);
-    else
-      state.counters[variants[v].first + "_ratio"] =
+      if (baseline != compare_to::limit)
+        ratios.push_back(seconds[v][i] / seconds[0][i]);
+      else if (limit_rates[v][i] > 0.0)
+        ratios.push_back(100.0 * work_of(v) / seconds[v][i] / limit_rates[v][i]);
+    state.counters[variants[v].name + "_us"] = median(seconds[v]) * 1e6;
+    if (baseline == compare_to::limit) {
+      if (ratios.empty()) {  // no limit run had its threads at once: no figure rather than one core's
+        state.SkipWithError("no limit run beside the calls ran on all its threads at once");
+        return;
+      }
+      state.counters[variants[v].name + (variants[v].limit == bound_by::dram_read ? "_pct_dram" : "_pct_peak")] =
+          median(ratios);
+    } else
+      state.counters[variants[v].name + "_ratio"] =
           baseline == compare_to::first ? median(ratios) : median(seconds[v]) / fastest;
   }
 }
 
-using kvhead::bench::bound_by;
 using kvhead::bench::decode_shape;
 using kvhead::bench::run_cached_decode;
 
@@ -160,11 +189,14 @@ void s1_decode_gqa(benchmark::State& state, kvhead::kv_dtype dtype) {
 
 // Each K/V byte serves 32 query heads: compute-bound, over a bf16 or int8
 // cache by the unit of its products.
+bound_by s4_limit(kvhead::kv_dtype dtype) {
+  return dtype == kvhead::kv_dtype::bf16   ? bound_by::attention_bf16_peak
+         : dtype == kvhead::kv_dtype::int8 ? bound_by::attention_int8_peak
+                                           : bound_by::fma_peak;
+}
+
 void s4_decode_mqa(benchmark::State& state, kvhead::kv_dtype dtype) {
-  const bound_by limit = dtype == kvhead::kv_dtype::bf16   ? bound_by::attention_bf16_peak
-                         : dtype == kvhead::kv_dtype::int8 ? bound_by::attention_int8_peak
-                                                           : bound_by::fma_peak;
-  run_cached_decode(state, with_dtype(kvhead::bench::s4_decode_mqa(), dtype), limit, int(state.range(0)));
+  run_cached_decode(state, with_dtype(kvhead::bench::s4_decode_mqa(), dtype), s4_limit(dtype), int(state.range(0)));
 }
 
 void s5_decode_ragged16(benchmark::State& state, kvhead::kv_dtype dtype) {
@@ -201,18 +233,22 @@ void decode_block_size(benchmark::State& state, kvhead::kv_dtype dtype) {
   run_cached_decode(state, s1_in_blocks(dtype, std::size_t(state.range(0))), bound_by::dram_read, int(state.range(1)));
 }
 
-void decode_dtypes(benchmark::State& state, decode_shape shape, compare_to baseline) {
-  std::vector<std::pair<std::string, decode_shape>> variants;
+// limit: the bound of the shape over each dtype (compare_to::limit).
+void decode_dtypes(benchmark::State& state, decode_shape shape, compare_to baseline,
+                   bound_by (*limit)(kvhead::kv_dtype)) {
+  std::vector<decode_variant> variants;
   for (const kvhead::kv_dtype dtype :
        {kvhead::kv_dtype::f32, kvhead::kv_dtype::bf16, kvhead::kv_dtype::f16, kvhead::kv_dtype::int8})
-    variants.emplace_back(kvhead::to_string(dtype), with_dtype(shape, dtype));
+    variants.push_back({kvhead::to_string(dtype), with_dtype(shape, dtype), limit(dtype)});
   run_interleaved(state, variants, baseline);
 }
 
+bound_by dram_limit(kvhead::kv_dtype) { return bound_by::dram_read; }
+
 void decode_block_sizes(benchmark::State& state, kvhead::kv_dtype dtype) {
-  std::vector<std::pair<std::string, decode_shape>> variants;
+  std::vector<decode_variant> variants;
   for (const std::size_t block : kvhead::kv_cache_block_sizes)
-    variants.emplace_back("block" + std::to_string(block), s1_in_blocks(dtype, block));
+    variants.push_back({"block" + std::to_string(block), s1_in_blocks(dtype, block)});
   run_interleaved(state, variants, compare_to::fastest);
 }
 
@@ -237,17 +273,22 @@ const bool registered = [] {
         ->Arg(1)
         ->UseRealTime();
   for (const auto& [name, shape] : {std::pair{"S1_decode_gqa", kvhead::bench::s1_decode_gqa()},
-                                    std::pair{"S5_decode_ragged16", kvhead::bench::s5_decode_ragged16()}}) {
-    benchmark::RegisterBenchmark((std::string(name) + "_dtypes").c_str(), decode_dtypes, shape, compare_to::first)
+                                    std::pair{"S5_decode_ragged16", kvhead::bench::s5_decode_ragged16()}})
+    benchmark::RegisterBenchmark((std::string(name) + "_dtypes").c_str(), decode_dtypes, shape, compare_to::first,
+                                 &dram_limit)
         ->ArgNames({"threads"})
         ->Arg(1)
         ->UseRealTime();
-    benchmark::RegisterBenchmark((std::string(name) + "_vs_dram").c_str(), decode_dtypes, shape, compare_to::dram_read)
+  using limit_function = bound_by (*)(kvhead::kv_dtype);
+  for (const auto& [name, shape, limit] :
+       {std::tuple{"S1_decode_gqa_vs_limit", kvhead::bench::s1_decode_gqa(), limit_function{&dram_limit}},
+        std::tuple{"S4_decode_mqa_vs_limit", kvhead::bench::s4_decode_mqa(), limit_function{&s4_limit}},
+        std::tuple{"S5_decode_ragged16_vs_limit", kvhead::bench::s5_decode_ragged16(), limit_function{&dram_limit}}})
+    benchmark::RegisterBenchmark(name, decode_dtypes, shape, compare_to::limit, limit)
         ->ArgNames({"threads"})
         ->Arg(1)
         ->Arg(2)
         ->UseRealTime();
-  }
   for (const kvhead::kv_dtype dtype : dtypes)
     benchmark::RegisterBenchmark(dtype_name("cache_write", dtype).c_str(), cache_write, dtype)
         ->ArgNames({"threads"})

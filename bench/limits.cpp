@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -217,6 +218,9 @@ fma_kernel bf16_kernel_for(engine::bf16_unit unit) {
   return fma_kernel_for(active_simd_path());
 }
 
+// 12 vpdpwssd chains, 2 multiply-adds per int16 pair per lane.
+constexpr fma_kernel int8_dot_kernel{dot_chains_avx512vnni, 12 * 16 * 2 * 2};
+
 // 1 GiB of floats, touched once, alive for the whole process.
 constexpr std::size_t dram_floats = std::size_t(1) << 28;
 
@@ -338,7 +342,28 @@ double limit_kernels::run_chains(const fma_kernel& kernel, std::uint64_t loops) 
   return kernel.flops_per_loop * double(loops) * threads_;
 }
 
-double limit_kernels::fma_flops() { return run_chains(fma_kernel_for(active_simd_path()), fma_loops); }
+namespace {
+
+// The chains of a peak limit (not dram_read).
+fma_kernel peak_kernel(bound_by limit) {
+  const simd_path path = active_simd_path();
+  switch (limit) {
+    case bound_by::bf16_peak:
+      return bf16_kernel_for(engine::active_bf16_unit());
+    case bound_by::attention_bf16_peak:
+      return engine::bf16_paged_products_chosen(path, kv_dtype::bf16, kvhead::precision::f32)
+                 ? bf16_kernel_for(engine::bf16_unit::avx512bf16)
+                 : fma_kernel_for(path);
+    case bound_by::attention_int8_peak:
+      return engine::gemm_int8_paged_runs(path, kv_dtype::int8) ? int8_dot_kernel : fma_kernel_for(path);
+    default:
+      return fma_kernel_for(path);
+  }
+}
+
+}  // namespace
+
+double limit_kernels::fma_flops() { return run_chains(peak_kernel(bound_by::fma_peak), fma_loops); }
 
 double limit_kernels::bf16_flops(engine::bf16_unit unit) {
   // AMX runs 16384 flops per instruction: fewer trips for a run of a few ms.
@@ -348,16 +373,21 @@ double limit_kernels::bf16_flops(engine::bf16_unit unit) {
 
 double limit_kernels::active_bf16_flops() { return bf16_flops(engine::active_bf16_unit()); }
 
-double limit_kernels::int8_dot_flops() { return run_chains({dot_chains_avx512vnni, 12 * 16 * 2 * 2}, fma_loops); }
+double limit_kernels::int8_dot_flops() { return run_chains(int8_dot_kernel, fma_loops); }
 
 double limit_kernels::attention_int8_flops() {
-  return engine::gemm_int8_paged_runs(active_simd_path(), kv_dtype::int8) ? int8_dot_flops() : fma_flops();
+  return run_chains(peak_kernel(bound_by::attention_int8_peak), fma_loops);
 }
 
 double limit_kernels::attention_bf16_flops() {
-  return engine::bf16_paged_products_chosen(active_simd_path(), kv_dtype::bf16, kvhead::precision::f32)
-             ? bf16_flops(engine::bf16_unit::avx512bf16)
-             : fma_flops();
+  return run_chains(peak_kernel(bound_by::attention_bf16_peak), fma_loops);
+}
+
+double limit_kernels::limit_work(bound_by limit, double amount) {
+  if (limit == bound_by::dram_read) return dram_bytes_next(std::size_t(amount), dram_read_streams(threads_));
+  const fma_kernel kernel = peak_kernel(limit);
+  const double loops = std::ceil(amount / (kernel.flops_per_loop * threads_));
+  return run_chains(kernel, std::max<std::uint64_t>(1, std::uint64_t(loops)));
 }
 
 double limit_kernels::dram_bytes(std::size_t streams) {

@@ -42,6 +42,9 @@ namespace kvhead::bench {
 
 struct fma_kernel;  // a peak kernel and its flops per loop trip (limits.cpp)
 
+// The limit a benchmark's rate is a fraction of.
+enum class bound_by { fma_peak, bf16_peak, attention_bf16_peak, attention_int8_peak, dram_read };
+
 class limit_kernels {
  public:
   explicit limit_kernels(int threads);
@@ -67,10 +70,18 @@ class limit_kernels {
   /// dram_bytes reads the whole: bytes read. A pass of the size of a decode
   /// call, to time in the same iterations as the call (decode_bench.cpp).
   double dram_bytes_next(std::size_t bytes, std::size_t streams);
+  /// One run of `limit`'s kernel doing at least `amount` of its work: the
+  /// peaks' chains for whole loop trips on every thread (operations), the
+  /// DRAM read as dram_bytes_next in the faster pattern (bytes): the work
+  /// done. A run of the size of one benchmark call, to time beside it.
+  double limit_work(bound_by limit, double amount);
   /// Whether the last run's slices ran at the same time, each on its own
   /// thread (always, at 1 thread): a run whose slices took turns (a worker
   /// late, or its core taken by another process) measured fewer cores.
   bool last_run_concurrent() const { return concurrent_; }
+  /// The arena the slices run on: work timed beside a limit run (a decode
+  /// call) runs here too, so that the same worker threads serve both.
+  tbb::task_arena& arena() { return arena_; }
 
  private:
   struct slice_times {
