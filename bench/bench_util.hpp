@@ -42,9 +42,6 @@ inline benchmark::Counter rate(double amount) {
   return benchmark::Counter(amount, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// The limit that bounds a benchmark: the FMA peak, the bf16 GEMM unit's peak
-// or that of attention's bf16 or int8 products (compute-bound, reported as pct_peak),
-// or the DRAM read bandwidth (memory-bound, pct_dram).
 // The compute limit of a precision: the FMA peak for f32, the bf16 unit's for bf16.
 inline bound_by compute_bound(precision compute) {
   return compute == precision::bf16 ? bound_by::bf16_peak : bound_by::fma_peak;

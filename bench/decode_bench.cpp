@@ -189,14 +189,14 @@ void s1_decode_gqa(benchmark::State& state, kvhead::kv_dtype dtype) {
 
 // Each K/V byte serves 32 query heads: compute-bound, over a bf16 or int8
 // cache by the unit of its products.
-bound_by s4_limit(kvhead::kv_dtype dtype) {
+bound_by s4_bound(kvhead::kv_dtype dtype) {
   return dtype == kvhead::kv_dtype::bf16   ? bound_by::attention_bf16_peak
          : dtype == kvhead::kv_dtype::int8 ? bound_by::attention_int8_peak
                                            : bound_by::fma_peak;
 }
 
 void s4_decode_mqa(benchmark::State& state, kvhead::kv_dtype dtype) {
-  run_cached_decode(state, with_dtype(kvhead::bench::s4_decode_mqa(), dtype), s4_limit(dtype), int(state.range(0)));
+  run_cached_decode(state, with_dtype(kvhead::bench::s4_decode_mqa(), dtype), s4_bound(dtype), int(state.range(0)));
 }
 
 void s5_decode_ragged16(benchmark::State& state, kvhead::kv_dtype dtype) {
@@ -243,7 +243,7 @@ void decode_dtypes(benchmark::State& state, decode_shape shape, compare_to basel
   run_interleaved(state, variants, baseline);
 }
 
-bound_by dram_limit(kvhead::kv_dtype) { return bound_by::dram_read; }
+bound_by dram_bound(kvhead::kv_dtype) { return bound_by::dram_read; }
 
 void decode_block_sizes(benchmark::State& state, kvhead::kv_dtype dtype) {
   std::vector<decode_variant> variants;
@@ -275,15 +275,15 @@ const bool registered = [] {
   for (const auto& [name, shape] : {std::pair{"S1_decode_gqa", kvhead::bench::s1_decode_gqa()},
                                     std::pair{"S5_decode_ragged16", kvhead::bench::s5_decode_ragged16()}})
     benchmark::RegisterBenchmark((std::string(name) + "_dtypes").c_str(), decode_dtypes, shape, compare_to::first,
-                                 &dram_limit)
+                                 &dram_bound)
         ->ArgNames({"threads"})
         ->Arg(1)
         ->UseRealTime();
   using limit_function = bound_by (*)(kvhead::kv_dtype);
   for (const auto& [name, shape, limit] :
-       {std::tuple{"S1_decode_gqa_vs_limit", kvhead::bench::s1_decode_gqa(), limit_function{&dram_limit}},
-        std::tuple{"S4_decode_mqa_vs_limit", kvhead::bench::s4_decode_mqa(), limit_function{&s4_limit}},
-        std::tuple{"S5_decode_ragged16_vs_limit", kvhead::bench::s5_decode_ragged16(), limit_function{&dram_limit}}})
+       {std::tuple{"S1_decode_gqa_vs_limit", kvhead::bench::s1_decode_gqa(), limit_function{&dram_bound}},
+        std::tuple{"S4_decode_mqa_vs_limit", kvhead::bench::s4_decode_mqa(), limit_function{&s4_bound}},
+        std::tuple{"S5_decode_ragged16_vs_limit", kvhead::bench::s5_decode_ragged16(), limit_function{&dram_bound}}})
     benchmark::RegisterBenchmark(name, decode_dtypes, shape, compare_to::limit, limit)
         ->ArgNames({"threads"})
         ->Arg(1)

@@ -42,7 +42,9 @@ namespace kvhead::bench {
 
 struct fma_kernel;  // a peak kernel and its flops per loop trip (limits.cpp)
 
-// The limit a benchmark's rate is a fraction of.
+// The limit that bounds a benchmark: the FMA peak, the bf16 GEMM unit's peak
+// or that of attention's bf16 or int8 products (compute-bound, reported as pct_peak),
+// or the DRAM read bandwidth (memory-bound, pct_dram).
 enum class bound_by { fma_peak, bf16_peak, attention_bf16_peak, attention_int8_peak, dram_read };
 
 class limit_kernels {
