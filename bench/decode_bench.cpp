@@ -95,22 +95,39 @@ struct decode_variant {
   bound_by limit = bound_by::dram_read;  // what compare_to::limit pairs its calls with
 };
 
+// Each variant's rotation has at least this many calls (S5's one call of 16
+// sequences is repeated), each call's sequences in a cache of their own.
+constexpr std::size_t min_interleaved_calls = 4;
+
 // Variants of one decode (the same calls, other caches), one call of each in
 // turn per iteration, on range(0) threads; counters as the header says.
 void run_interleaved(benchmark::State& state, const std::vector<decode_variant>& variants, compare_to baseline) {
   std::vector<kvhead::bench::decode_shape> shapes;
-  for (const decode_variant& variant : variants) shapes.push_back(kvhead::bench::from_dram(variant.shape));
-  // Each call of this function (a repetition) allocates the variants' caches
-  // starting one variant later: on these guests the memory an allocation gets
-  // sets its stream's rate (Zen 5, S1 over f32 at block 16: 1.08 ms over one
-  // allocation, 1.33 over another in the same minute), so over as many
-  // repetitions as variants each takes every place in the order once.
-  static std::size_t first_allocated = 0;
-  std::vector<std::unique_ptr<kvhead::bench::cached_decode>> decodes(variants.size());
-  for (std::size_t i = 0; i < variants.size(); ++i) {
-    const std::size_t v = (first_allocated + i) % variants.size();
-    decodes[v] = std::make_unique<kvhead::bench::cached_decode>(shapes[v]);
+  for (const decode_variant& variant : variants) {
+    kvhead::bench::decode_shape shape = kvhead::bench::from_dram(variant.shape);
+    shape.replicas *= (min_interleaved_calls + shape.calls() - 1) / shape.calls();
+    shapes.push_back(shape);
   }
+  // On these guests the memory an allocation gets sets its stream's rate:
+  // five caches of the same shape, one per variant, took from 1.0 to 1.31
+  // times the fastest one's time in the same iterations (Zen 5, S1 over f32,
+  // 5 repetitions: the slowest median 1.22x). So every call of a variant's
+  // rotation has a cache of its own, allocated call by call across the
+  // variants (call 0 of each, then call 1 of each, ...): each variant's calls
+  // spread over the memory of all of them (the same caches: 1.00-1.07x), and
+  // the calls timed in one iteration sit in neighbouring allocations. Each
+  // call of this function (a repetition) also starts the order one variant
+  // later.
+  static std::size_t first_allocated = 0;
+  std::vector<std::vector<std::unique_ptr<kvhead::bench::cached_decode>>> decodes(variants.size());
+  std::size_t most_calls = 0;
+  for (const kvhead::bench::decode_shape& shape : shapes) most_calls = std::max(most_calls, shape.calls());
+  for (std::size_t call = 0; call < most_calls; ++call)
+    for (std::size_t i = 0; i < variants.size(); ++i) {
+      const std::size_t v = (first_allocated + i) % variants.size();
+      if (call < shapes[v].calls())
+        decodes[v].push_back(std::make_unique<kvhead::bench::cached_decode>(shapes[v].only_call(call)));
+    }
   ++first_allocated;
   const auto q = kvhead::bench::decode_queries(shapes.front());
   std::vector<float> out(q.size());
@@ -119,7 +136,8 @@ void run_interleaved(benchmark::State& state, const std::vector<decode_variant>&
   // their slices one after the other (S4 at 2 threads: 117-129% of them).
   kvhead::bench::limit_kernels limit_runs(int(state.range(0)));
   tbb::task_arena& arena = limit_runs.arena();
-  for (const auto& decode : decodes) arena.execute([&] { decode->run(0, q.data(), out.data()); });  // untimed
+  for (const auto& calls : decodes)
+    for (const auto& decode : calls) arena.execute([&] { decode->run(0, q.data(), out.data()); });  // untimed
   std::vector<std::vector<double>> seconds(variants.size());
   // compare_to::limit: the limit's run before the call in odd iterations,
   // after it in even ones, so that neither always meets the caches the other
@@ -146,7 +164,7 @@ void run_interleaved(benchmark::State& state, const std::vector<decode_variant>&
     for (std::size_t v = 0; v < variants.size(); ++v) {
       if (baseline == compare_to::limit && next % 2 == 1) time_limit(v);
       const auto start = std::chrono::steady_clock::now();
-      arena.execute([&] { decodes[v]->run(next % shapes[v].calls(), q.data(), out.data()); });
+      arena.execute([&] { decodes[v][next % decodes[v].size()]->run(0, q.data(), out.data()); });
       seconds[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       benchmark::DoNotOptimize(out.data());
       if (baseline == compare_to::limit && next % 2 == 0) time_limit(v);

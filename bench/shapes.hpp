@@ -48,12 +48,14 @@ struct decode_shape {
   // Sequence j of the rotation is a copy of sequence j % pasts.size().
   std::size_t past(std::size_t j) const { return pasts[j % pasts.size()]; }
   std::size_t calls() const { return sequences() / per_call; }
-  // The sequences of the first call only (the same data: inputs are seeded per sequence).
-  decode_shape first_call() const {
-    decode_shape first = *this;
-    first.pasts.resize(per_call);
-    first.replicas = 1;
-    return first;
+  // Call `call`'s sequences alone, as a rotation of that one call (inputs are
+  // seeded by a sequence's place in pasts: call 0 keeps its data exactly).
+  decode_shape only_call(std::size_t call) const {
+    decode_shape one = *this;
+    one.pasts.clear();
+    for (std::size_t j = call * per_call; j < (call + 1) * per_call; ++j) one.pasts.push_back(past(j));
+    one.replicas = 1;
+    return one;
   }
   // Per call, averaged over the rotation.
   double flops_per_call() const { return 4.0 * double(heads * head_dim) * keys_per_call(); }

@@ -52,7 +52,7 @@ void run_textbook_decode(benchmark::State& state, const decode_shape& one_rotati
   textbook_decode textbook(shape);
   const auto q = decode_queries(shape);
   std::vector<float> out(q.size()), expected(q.size());
-  cached_decode(shape.first_call()).run(0, q.data(), expected.data());
+  cached_decode(shape.only_call(0)).run(0, q.data(), expected.data());
   textbook.run(0, q.data(), out.data());
   if (!agrees(state, out, expected, shape.head_dim + *std::max_element(shape.pasts.begin(), shape.pasts.end()) + 1)) {
     return;
