@@ -56,18 +56,45 @@
 #include "bench/cached_decode.hpp"
 #include "bench/kvhead_runs.hpp"
 
+namespace {
+
+// Each call of each shape's rotation in a cache of its own (caches[s][call]),
+// allocated call by call across the shapes (call 0 of each, then call 1 of
+// each, ...), shape `first` first. On these guests the memory an allocation
+// gets sets its stream's rate: five caches of the same shape, one cache per
+// shape, took from 1.0 to 1.31 times the fastest one's time in the same
+// iterations (Zen 5, S1 over f32, 5 repetitions: the slowest median 1.22x).
+// A cache per call spreads each shape's calls over the memory of all of
+// them (the same five shapes: 1.00-1.07x), and the calls of the shapes timed
+// side by side sit in neighbouring allocations.
+using call_caches = std::vector<std::vector<std::unique_ptr<kvhead::bench::cached_decode>>>;
+call_caches caches_per_call(const std::vector<kvhead::bench::decode_shape>& shapes, std::size_t first) {
+  call_caches caches(shapes.size());
+  std::size_t most_calls = 0;
+  for (const kvhead::bench::decode_shape& shape : shapes) most_calls = std::max(most_calls, shape.calls());
+  for (std::size_t call = 0; call < most_calls; ++call)
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const std::size_t s = (first + i) % shapes.size();
+      if (call < shapes[s].calls())
+        caches[s].push_back(std::make_unique<kvhead::bench::cached_decode>(shapes[s].only_call(call)));
+    }
+  return caches;
+}
+
+}  // namespace
+
 void kvhead::bench::run_cached_decode(benchmark::State& state, const decode_shape& one_rotation, bound_by limit,
                                       int threads) {
   const decode_shape shape = from_dram(one_rotation);
-  const cached_decode decode(shape);
+  const auto calls = std::move(caches_per_call({shape}, 0).front());
   const auto q = decode_queries(shape);
   std::vector<float> out(q.size());
   tbb::task_arena arena(threads);
-  arena.execute([&] { decode.run(0, q.data(), out.data()); });  // untimed: scratch grows on first use
+  arena.execute([&] { calls[0]->run(0, q.data(), out.data()); });  // untimed: scratch grows on first use
   std::size_t next = 0;
   for (auto _ : state) {
-    arena.execute([&] { decode.run(next, q.data(), out.data()); });
-    next = (next + 1) % shape.calls();
+    arena.execute([&] { calls[next]->run(0, q.data(), out.data()); });
+    next = (next + 1) % calls.size();
     benchmark::DoNotOptimize(out.data());
   }
   set_rates(state, shape.flops_per_call(), shape.bytes_per_call(), limit, threads);
@@ -96,7 +123,7 @@ struct decode_variant {
 };
 
 // Each variant's rotation has at least this many calls (S5's one call of 16
-// sequences is repeated), each call's sequences in a cache of their own.
+// sequences is repeated), so that it spreads over as many caches.
 constexpr std::size_t min_interleaved_calls = 4;
 
 // Variants of one decode (the same calls, other caches), one call of each in
@@ -108,26 +135,10 @@ void run_interleaved(benchmark::State& state, const std::vector<decode_variant>&
     shape.replicas *= (min_interleaved_calls + shape.calls() - 1) / shape.calls();
     shapes.push_back(shape);
   }
-  // On these guests the memory an allocation gets sets its stream's rate:
-  // five caches of the same shape, one per variant, took from 1.0 to 1.31
-  // times the fastest one's time in the same iterations (Zen 5, S1 over f32,
-  // 5 repetitions: the slowest median 1.22x). So every call of a variant's
-  // rotation has a cache of its own, allocated call by call across the
-  // variants (call 0 of each, then call 1 of each, ...): each variant's calls
-  // spread over the memory of all of them (the same caches: 1.00-1.07x), and
-  // the calls timed in one iteration sit in neighbouring allocations. Each
-  // call of this function (a repetition) also starts the order one variant
-  // later.
+  // Each call of this function (a repetition) allocates the variants' caches
+  // (caches_per_call) starting one variant later.
   static std::size_t first_allocated = 0;
-  std::vector<std::vector<std::unique_ptr<kvhead::bench::cached_decode>>> decodes(variants.size());
-  std::size_t most_calls = 0;
-  for (const kvhead::bench::decode_shape& shape : shapes) most_calls = std::max(most_calls, shape.calls());
-  for (std::size_t call = 0; call < most_calls; ++call)
-    for (std::size_t i = 0; i < variants.size(); ++i) {
-      const std::size_t v = (first_allocated + i) % variants.size();
-      if (call < shapes[v].calls())
-        decodes[v].push_back(std::make_unique<kvhead::bench::cached_decode>(shapes[v].only_call(call)));
-    }
+  const call_caches decodes = caches_per_call(shapes, first_allocated);
   ++first_allocated;
   const auto q = kvhead::bench::decode_queries(shapes.front());
   std::vector<float> out(q.size());
