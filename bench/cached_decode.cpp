@@ -37,9 +37,9 @@ filled_cache::filled_cache(const decode_shape& shape) : cache(cache_config(shape
   }
   // Each sequence's K/V generated once, written into each of its copies.
   for (std::size_t i = 0; i < shape.pasts.size(); ++i) {
-    const sequence_kv kv = decode_kv(shape, i);
+    const auto kv = decode_kv(shape, i);
     for (std::size_t j = i; j < shape.sequences(); j += shape.pasts.size()) {
-      write(j, kv);
+      write(j, *kv);
       engine::kv_cache_internals::set_written(cache, ids[j], 0, shape.past(j) + 1);  // as a forward would
     }
   }

@@ -245,10 +245,10 @@ void cache_write(benchmark::State& state, kvhead::kv_dtype dtype) {
   shape.pasts.resize(1);
   shape.per_call = 1;
   kvhead::bench::filled_cache filled(shape);
-  const kvhead::bench::sequence_kv kv = kvhead::bench::decode_kv(shape, 0);
+  const auto kv = kvhead::bench::decode_kv(shape, 0);
   tbb::task_arena arena(int(state.range(0)));
-  for (auto _ : state) arena.execute([&] { filled.write(0, kv); });
-  const double tokens = double(shape.pasts[0] + 1), values = 2.0 * double(kv.k.size());
+  for (auto _ : state) arena.execute([&] { filled.write(0, *kv); });
+  const double tokens = double(shape.pasts[0] + 1), values = 2.0 * double(kv->k.size());
   kvhead::bench::set_element_rates(state, tokens, values * sizeof(float) + shape.bytes_per_call());
 }
 

@@ -61,7 +61,8 @@ void head_attention(const float* q, const float* k, const float* v, std::size_t 
 
 textbook_decode::textbook_decode(const decode_shape& shape) : shape_(shape) {
   cache_.reserve(shape.sequences());
-  for (std::size_t i = 0; i < shape.pasts.size(); ++i) cache_.push_back(decode_kv(shape, i));
+  for (std::size_t i = 0; i < shape.pasts.size(); ++i)
+    cache_.push_back(*decode_kv(shape, i));  // a copy of its own, as the replicas below
   for (std::size_t j = shape.pasts.size(); j < shape.sequences(); ++j) cache_.push_back(cache_[j % shape.pasts.size()]);
   const std::size_t keys = *std::max_element(shape.pasts.begin(), shape.pasts.end()) + 1;
   k_heads_.resize(shape.heads * keys * shape.head_dim);
