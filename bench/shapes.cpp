@@ -3,6 +3,12 @@
 #include <algorithm>
 
 namespace kvhead::bench {
+namespace {
+
+// What the memo below may hold: S5's sequences (71 M floats of K and V) fit.
+constexpr std::size_t decode_kv_memo_floats = std::size_t{1} << 27;
+
+}  // namespace
 
 std::shared_ptr<const sequence_kv> decode_kv(const decode_shape& shape, std::size_t i) {
   // The sequences made, least recently used first; a sequence's values

@@ -93,11 +93,10 @@ struct sequence_kv {
 };
 // Seeded by i and sized by its past: the same values for every call, replica
 // and dtype of a shape. Made once and shared while the most recently used
-// sequences hold at most decode_kv_memo_floats floats (bench/shapes.cpp):
-// every decode benchmark builds a cache per call (decode_bench.cpp), and
-// generating the values for each took most of `tools/run bench --quick`.
-// Not thread-safe: benchmarks are set up on one thread.
-inline constexpr std::size_t decode_kv_memo_floats = std::size_t{1} << 27;  // 512 MiB: S5's 71 M floats fit
+// sequences hold at most 512 MiB (bench/shapes.cpp): every decode benchmark
+// builds a cache per call (decode_bench.cpp), and generating the values for
+// each took most of `tools/run bench --quick`. Not thread-safe: benchmarks
+// are set up on one thread.
 std::shared_ptr<const sequence_kv> decode_kv(const decode_shape& shape, std::size_t i);
 // At least this many K/V bytes read per rotation of a decode benchmark's
 // calls: several times the last-level cache of the CPUs seen (Zen 5 32 MiB
