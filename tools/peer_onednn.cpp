@@ -21,14 +21,18 @@
 // CPU (a row says when it does not). oneDNN has no int8 attention form that
 // keeps one scale per token (its matmul scales are per output column or
 // per tensor), so there is no int8 row.
-//   peer_onednn THREADS   (threads: OMP_NUM_THREADS, set by tools/peer_onednn)
-// prints, per row, the median over 5 repetitions of the mean time per call
-// over at least 0.2 s, GFLOP/s and GB/s.
+//   peer_onednn THREADS [--only TEXT] [--out FILE.json]
+// (OMP_NUM_THREADS set to THREADS by tools/peer_onednn) prints, per row, the
+// median over 5 repetitions of the mean time per call over at least 0.2 s,
+// GFLOP/s, GB/s and the check's error; --only runs the rows whose
+// <shape>_<type> holds TEXT; --out writes them as tools/peer_torch.py's JSON
+// (names onednn_<shape>[_<type>]/threads:<N>) for tools/plot_bench.py --peer.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
@@ -459,8 +463,14 @@ row layer_row(element type) {
       }};
 }
 
-// Median over 5 repetitions of the mean seconds per call over at least 0.2 s (after one warm-up call).
-double seconds_per_call(const row& r) {
+// Median over 5 repetitions of the mean seconds per call over at least 0.2 s
+// (after one warm-up call), and the calls timed.
+struct timing {
+  double seconds;
+  std::size_t calls;
+};
+
+timing time_per_call(const row& r) {
   r.call(0);
   cpu_stream().wait();
   std::vector<double> means;
@@ -478,21 +488,47 @@ double seconds_per_call(const row& r) {
     means.push_back(elapsed / double(calls));
   }
   std::sort(means.begin(), means.end());
-  return means[means.size() / 2];
+  return {means[means.size() / 2], call};
+}
+
+std::string cpu_model() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+// A JSON string's contents (the names and messages here hold no control characters).
+std::string json_escaped(const std::string& text) {
+  std::string escaped;
+  for (char c : text) {
+    if (c == '"' || c == '\\') escaped += '\\';
+    escaped += c;
+  }
+  return escaped;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
-  if (threads < 1) {
-    std::fprintf(stderr, "peer_onednn: threads must be a positive integer\n");
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 0;
+  std::string only, out_path;
+  bool arguments_ok = threads >= 1;
+  for (int i = 2; i < argc && arguments_ok; i += 2) {
+    const std::string flag = argv[i];
+    arguments_ok = i + 1 < argc && (flag == "--only" || flag == "--out");
+    if (arguments_ok) (flag == "--only" ? only : out_path) = argv[i + 1];
+  }
+  if (!arguments_ok) {
+    std::fprintf(stderr, "usage: peer_onednn THREADS [--only TEXT] [--out FILE.json] (THREADS a positive integer)\n");
     return 2;
   }
   omp_set_num_threads(threads);
   const dnnl_version_t* version = dnnl_version();
-  std::printf("oneDNN %d.%d.%d (%s), %d thread(s), median ms per call\n", version->major, version->minor,
-              version->patch, version->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other runtime", threads);
+  const std::string peer = "oneDNN " + std::to_string(version->major) + "." + std::to_string(version->minor) + "." +
+                           std::to_string(version->patch);
+  std::printf("%s (%s), %d thread(s), median ms per call\n", peer.c_str(),
+              version->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other runtime", threads);
   std::printf("%-40s %10s %9s %9s %12s\n", "name", "ms", "gflops", "gbps", "rel. error");
   std::vector<std::size_t> ragged;
   for (std::size_t i = 0; i < 16; ++i) ragged.push_back(256 + i * (4096 - 256) / 15);
@@ -509,13 +545,13 @@ int main(int argc, char** argv) {
        }},
       {"S5_decode_ragged16",
        [&ragged](element type) { return decode_row("S5_decode_ragged16", 32, 8, 128, ragged, 16, type); }}};
-  const std::string only = argc > 2 ? argv[2] : "";
+  std::string json_rows;  // tools/peer_torch.py's JSON shape, for tools/plot_bench.py --peer
   for (element type : {element::f32, element::bf16, element::f16})
     for (const auto& [shape, make] : makers) {
       if (!only.empty() && (std::string(shape) + "_" + element_name(type)).find(only) == std::string::npos) continue;
       try {
         const row r = make(type);
-        const double seconds = seconds_per_call(r);
+        const timing timed = time_per_call(r);
         // A check of the form (a wrong stride or operand is off by the order of
         // the outputs), not of precision: the 16-bit rows round q, K, V and p
         // (S3: x, the weights and qkv) to 8 or 11 bits, and S3's random layer
@@ -527,12 +563,30 @@ int main(int argc, char** argv) {
                       error, bound);
           return 1;
         }
-        std::printf("%-40s %10.3f %9.2f %9.2f %12.2e\n", (r.name + "/threads:" + std::to_string(threads)).c_str(),
-                    seconds * 1e3, r.flops / seconds * 1e-9, r.bytes / seconds * 1e-9, error);
+        const std::string name = r.name + "/threads:" + std::to_string(threads);
+        const double gflops = r.flops / timed.seconds * 1e-9, gbps = r.bytes / timed.seconds * 1e-9;
+        std::printf("%-40s %10.3f %9.2f %9.2f %12.2e\n", name.c_str(), timed.seconds * 1e3, gflops, gbps, error);
+        char fields[320];
+        std::snprintf(fields, sizeof fields,
+                      "\"run_type\": \"iteration\", \"repetitions\": 5, \"iterations\": %zu, \"real_time\": %.1f, "
+                      "\"cpu_time\": %.1f, \"time_unit\": \"ns\", \"gflops\": %.4f, \"gbps\": %.4f",
+                      timed.calls, timed.seconds * 1e9, timed.seconds * 1e9, gflops, gbps);
+        json_rows += std::string(json_rows.empty() ? "" : ",\n") + "    {\"name\": \"" + name + "\", \"run_name\": \"" +
+                     name + "\", " + fields + "}";
       } catch (const dnnl::error& error) {
         std::printf("onednn_%s_%s: not run, oneDNN has no %s implementation of it on this CPU (%s)\n", shape,
                     element_name(type), element_name(type), error.what());
       }
       std::fflush(stdout);
     }
+  if (out_path.empty()) return 0;
+  std::ofstream out(out_path);
+  out << "{\n  \"context\": {\"cpu_model\": \"" << json_escaped(cpu_model()) << "\", \"peer\": \"" << peer
+      << "\", \"onednn_threads\": \"" << threads << "\"},\n  \"benchmarks\": [\n"
+      << json_rows << "\n  ]\n}\n";
+  if (!out) {
+    std::fprintf(stderr, "peer_onednn: could not write %s\n", out_path.c_str());
+    return 1;
+  }
+  return 0;
 }

@@ -1,13 +1,15 @@
 #!/usr/bin/python3
 """Draws kvhead_bench's JSON (Google Benchmark --benchmark_out_format=json) as PNG charts.
 
-  /usr/bin/python3 tools/plot_bench.py build/release/bench.json [--peer torch.json ...] [--out DIR]
+  /usr/bin/python3 tools/plot_bench.py build/release/bench.json [--peer torch1.json --peer onednn1.json ...]
+                                       [--out DIR]
 
 Charts, into DIR (default: plots/ next to the JSON):
   s_shapes.png        time per S shape (1 and 2 threads) against its floor (the time the
                       machine's limit would allow: flops / FMA peak or bytes / DRAM read, as
                       the benchmark's pct_peak or pct_dram says), the textbook baseline and
-                      the peer (tools/peer_torch.py) when given;
+                      the peers when given (tools/peer_torch.py, tools/peer_onednn: one series
+                      per peer, named by the prefix of its rows, torch_ or onednn_);
   decode_sweep.png    decode latency against past length, one layer step over the cache
                       against recomputing the prefix, and the attention alone (log-log);
   prefill_sweep.png   prefill GFLOP/s against sequence length, with the FMA peak;
@@ -67,12 +69,16 @@ def floor_seconds(run):
     return None if percent is None else run["seconds"] * percent / 100.0
 
 
-def plot_s_shapes(plt, machine, runs, peer, peer_name, out):
+PEER_COLOURS = ["tab:red", "tab:green", "tab:purple", "tab:brown"]
+
+
+def plot_s_shapes(plt, machine, runs, peers, out):
+    """peers: (label, name prefix, runs) of each peer, its rows named <prefix>_<shape>/threads:<t>."""
     series = [("kvhead", "{shape}/threads:{t}", runs, "tab:blue"),
               ("floor: flops / FMA peak or bytes / DRAM read", None, runs, "0.75"),
               ("textbook (OpenBLAS sgemm + scalar softmax)", "textbook_{shape}/threads:{t}", runs, "tab:orange")]
-    if peer:
-        series.append((peer_name, "torch_{shape}/threads:{t}", peer, "tab:red"))
+    for (label, prefix, peer_runs), colour in zip(peers, PEER_COLOURS):
+        series.append((label, prefix + "_{shape}/threads:{t}", peer_runs, colour))
     thread_counts = [t for t in (1, 2) if any(f"{shape}/threads:{t}" in runs for shape in S_SHAPES)] or [1]
     fig, axes = plt.subplots(1, len(thread_counts), figsize=(7 * len(thread_counts) + 1, 6), sharey=True,
                              squeeze=False)
@@ -196,7 +202,8 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bench_json", help="kvhead_bench --benchmark_out=... --benchmark_out_format=json")
     parser.add_argument("--peer", action="append", default=[],
-                        help="a peer's JSON in the same shape (tools/peer_torch.py --out); repeat for more thread counts")
+                        help="a peer's JSON in the same shape (tools/peer_torch.py or tools/peer_onednn --out); "
+                             "repeat for more thread counts and more peers")
     parser.add_argument("--out", help="directory for the PNGs (default: plots/ next to bench_json)")
     args = parser.parse_args()
     try:
@@ -207,15 +214,18 @@ def main():
         print("plot_bench.py: matplotlib is missing: apt-get install python3-matplotlib", file=sys.stderr)
         return 2
     context, runs = load_runs(args.bench_json)
-    peer_context, peer = {}, {}
+    peers = {}  # name prefix (torch, onednn) -> [label, runs]: one series per peer, its files' runs merged
     for path in args.peer:
         context_of_file, runs_of_file = load_runs(path)
-        peer_context.update(context_of_file)
-        peer.update(runs_of_file)
+        for name in runs_of_file:
+            prefix = name.split("_S", 1)[0]
+            entry = peers.setdefault(prefix, [context_of_file.get("peer", prefix), {}])
+            entry[1][name] = runs_of_file[name]
+    peer_series = [(label, prefix, peer_runs) for prefix, (label, peer_runs) in peers.items()]
     machine = Machine(context)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.bench_json)), "plots")
     os.makedirs(out, exist_ok=True)
-    charts = {"s_shapes.png": lambda path: plot_s_shapes(plt, machine, runs, peer, peer_context.get("peer", "peer"), path),
+    charts = {"s_shapes.png": lambda path: plot_s_shapes(plt, machine, runs, peer_series, path),
               "decode_sweep.png": lambda path: plot_decode_sweep(plt, machine, runs, path),
               "prefill_sweep.png": lambda path: plot_prefill_sweep(plt, machine, runs, path),
               "thread_scaling.png": lambda path: plot_thread_scaling(plt, machine, runs, path)}
