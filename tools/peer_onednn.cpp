@@ -1,12 +1,13 @@
 // The peer of tools/peer_onednn: oneDNN's primitives (Debian's libdnnl, the
 // library under PyTorch's mkldnn paths and Intel's CPU inference stacks) on
 // kvhead_bench's S shapes, in the form a oneDNN user writes attention: a
-// batched matmul for the scores (scale as the primitive's output scale, the
-// causal mask as a binary-add post-op), a softmax primitive, a batched matmul
-// by V. K is read where it lies through a transposed memory descriptor, and
-// a GQA group's query heads are the rows of one product per kv head (batch
-// broadcast), so K/V are never copied. Geometry, flop and byte formulas as
-// bench/shapes.hpp:
+// matmul for the scores (scale as the primitive's output scale, the causal
+// mask as a binary-add post-op), a softmax primitive, a matmul by V, with a
+// GQA group's query heads as the rows of one product per kv head (batch
+// broadcast), so K/V are never copied. Decode's cache holds K in the layout
+// its products read fastest (decode_step); prefill's K comes from a
+// projection as rows, read in place through a transposed descriptor.
+// Geometry, flop and byte formulas as bench/shapes.hpp:
 //   S1_decode_gqa       32 q / 8 kv heads, head_dim 128, past 4096, one call per sequence
 //   S2_prefill_gqa_causal  32 / 8 heads, head_dim 128, 1024 tokens, causal
 //   S3_mha_layer        d_model 512, 8 heads, batch 4 x seq 512: x W_qkv, attention, W_out
@@ -64,6 +65,16 @@ std::vector<float> uniform_floats(std::size_t count, unsigned seed) {
   std::vector<float> values(count);
   for (float& value : values) value = uniform(random);
   return values;
+}
+
+// Each of `matrices` rows x cols matrices of `values` transposed (cols x rows).
+std::vector<float> transposed_rows(const std::vector<float>& values, std::size_t matrices, std::size_t rows,
+                                   std::size_t cols) {
+  std::vector<float> transposed(values.size());
+  for (std::size_t m = 0; m < matrices; ++m)
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) transposed[(m * cols + c) * rows + r] = values[(m * rows + r) * cols + c];
+  return transposed;
 }
 
 // Storage for `count` elements of `type`.
@@ -163,10 +174,16 @@ struct error_gauge {
 };
 
 // One decode step of one sequence: q [heads, head_dim] fp32 against its
-// cache K, V [kv_heads, keys, head_dim] of `type`.
+// cache of `type`, V [kv_heads, keys, head_dim] and K as the products read it
+// fastest: fp32 Kᵀ [kv_heads, head_dim, keys] (the cache a oneDNN user lays
+// out for it), bf16 K [kv_heads, keys, head_dim] read through a transposed
+// descriptor, whose pairs along head_dim are the bf16 kernels' own (Zen 5,
+// the two layouts alternated 3 times: S1 over f32 1.80-2.12 ms with Kᵀ
+// stored against 2.13-2.95 reading K, over bf16 2.02-2.57 against 1.55-2.20).
 struct decode_step {
   std::size_t heads, kv_heads, head_dim, group, keys;
   unsigned seed;
+  bool keys_transposed;
   buffer k, v;
   std::vector<float> q, out;
   buffer q_converted, scores, probabilities;
@@ -181,7 +198,11 @@ struct decode_step {
         group(heads / kv_heads),
         keys(past + 1),
         seed(seed),
-        k(converted(uniform_floats(kv_heads * keys * head_dim, seed), type)),
+        keys_transposed(type == element::f32),
+        k(converted(keys_transposed
+                        ? transposed_rows(uniform_floats(kv_heads * keys * head_dim, seed), kv_heads, keys, head_dim)
+                        : uniform_floats(kv_heads * keys * head_dim, seed),
+                    type)),
         v(converted(uniform_floats(kv_heads * keys * head_dim, seed + 1), type)),
         q(uniform_floats(heads * head_dim, seed + 2)),
         out(heads * head_dim),
@@ -191,7 +212,8 @@ struct decode_step {
     const auto g = static_cast<memory::dim>(kv_heads), r = static_cast<memory::dim>(group),
                n = static_cast<memory::dim>(keys), d = static_cast<memory::dim>(head_dim);
     const memory::desc q_desc = strided({g, r, d}, type, {r * d, d, 1});
-    const memory::desc k_transposed = strided({g, d, n}, type, {n * d, 1, d});  // K read in place as Kᵀ
+    const memory::desc k_transposed =
+        keys_transposed ? strided({g, d, n}, type, {n * d, n, 1}) : strided({g, d, n}, type, {n * d, 1, d});
     const memory::desc v_desc = strided({g, n, d}, type, {n * d, d, 1});
     const memory::desc scores_desc = strided({g, r, n}, element::f32, {r * n, n, 1});
     const memory::desc probabilities_desc = strided({g, r, n}, type, {r * n, n, 1});
