@@ -19,11 +19,12 @@ namespace {
 using kvhead::simd_path;
 using namespace kvhead::engine;
 
-cpu_info synthetic_cpu(const char* vendor, unsigned family, std::size_t l2_bytes, std::size_t l3_bytes,
+cpu_info synthetic_cpu(const char* vendor, unsigned family, unsigned model, std::size_t l2_bytes, std::size_t l3_bytes,
                        std::size_t l3_sharing) {
   cpu_info cpu;
   cpu.vendor = vendor;
   cpu.family = family;
+  cpu.model = model;
   cpu.l1d_bytes = 32 << 10;
   cpu.l2_bytes = l2_bytes;
   cpu.l3_bytes = l3_bytes;
@@ -32,16 +33,16 @@ cpu_info synthetic_cpu(const char* vendor, unsigned family, std::size_t l2_bytes
 }
 
 // The CPUs this project's machines have been seen with, and one that reports no caches.
-const cpu_info zen3 = synthetic_cpu("AuthenticAMD", 0x19, 512 << 10, 32 << 20, 2);
-const cpu_info zen4 = synthetic_cpu("AuthenticAMD", 0x19, 1 << 20, 32 << 20, 8);
-const cpu_info zen5 = synthetic_cpu("AuthenticAMD", 0x1a, 1 << 20, 32 << 20, 8);
-const cpu_info xeon = synthetic_cpu("GenuineIntel", 6, 2 << 20, 105 << 20, 112);
+const cpu_info zen3 = synthetic_cpu("AuthenticAMD", 0x19, 0x01, 512 << 10, 32 << 20, 2);
+const cpu_info zen4 = synthetic_cpu("AuthenticAMD", 0x19, 0x11, 1 << 20, 32 << 20, 8);
+const cpu_info zen5 = synthetic_cpu("AuthenticAMD", 0x1a, 0x02, 1 << 20, 32 << 20, 8);
+const cpu_info xeon = synthetic_cpu("GenuineIntel", 6, 0x8f, 2 << 20, 105 << 20, 112);
 const cpu_info xeon_amx = [] {
   cpu_info cpu = xeon;
   cpu.amx_tile = true;
   return cpu;
 }();
-const cpu_info silent = synthetic_cpu("", 0, 0, 0, 1);
+const cpu_info silent = synthetic_cpu("", 0, 0, 0, 0, 1);
 
 std::size_t sysfs_size(int index) {
   std::ifstream file("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
@@ -88,10 +89,24 @@ TEST_CASE("each CPU kind gets its row, every path has a row for any CPU") {
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, xeon).name) == "avx512-2x512");
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, xeon_amx).name) == "avx512-xeon");
   CHECK(std::string(kernel_config_row_for(simd_path::avx512, silent).name) == "avx512-2x512");
-  for (const cpu_info* cpu : {&zen3, &zen4, &zen5, &xeon, &xeon_amx, &silent}) {
+  CHECK(std::string(kernel_config_row_for(simd_path::avx2, zen3).name) == "avx2-zen3");
+  for (const cpu_info* cpu : {&zen4, &zen5, &xeon, &xeon_amx, &silent})
     CHECK(std::string(kernel_config_row_for(simd_path::avx2, *cpu).name) == "avx2");
+  for (const cpu_info* cpu : {&zen3, &zen4, &zen5, &xeon, &xeon_amx, &silent}) {
     CHECK(std::string(kernel_config_row_for(simd_path::sse2, *cpu).name) == "sse2");
   }
+  for (const unsigned zen3_model : {0x00u, 0x01u, 0x0fu, 0x21u, 0x44u, 0x50u, 0x5fu}) {
+    cpu_info cpu = zen3;
+    cpu.model = zen3_model;
+    CHECK(cpu_matches(cpu_class::amd_zen3, cpu));
+  }
+  for (const unsigned zen4_model : {0x10u, 0x11u, 0x1fu, 0x61u, 0x74u, 0xa0u}) {
+    cpu_info cpu = zen4;
+    cpu.model = zen4_model;
+    CHECK_FALSE(cpu_matches(cpu_class::amd_zen3, cpu));
+  }
+  CHECK_FALSE(cpu_matches(cpu_class::amd_zen3, zen5));
+  CHECK_FALSE(cpu_matches(cpu_class::amd_zen3, xeon));
   CHECK(cpu_matches(cpu_class::amd_zen4, zen4));
   CHECK_FALSE(cpu_matches(cpu_class::amd_zen4, xeon));
   CHECK_FALSE(cpu_matches(cpu_class::amd_zen4, zen5));

@@ -93,6 +93,10 @@ bool cpu_matches(cpu_class wanted, const cpu_info& cpu) {
   switch (wanted) {
     case cpu_class::any:
       return true;
+    case cpu_class::amd_zen3:  // Zen 3's models of family 0x19; Zen 4 has 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf
+      return cpu.is_amd() && cpu.family == 0x19 &&
+             (cpu.model <= 0x0f || (cpu.model >= 0x20 && cpu.model <= 0x2f) ||
+              (cpu.model >= 0x40 && cpu.model <= 0x5f));
     case cpu_class::amd_zen4:
       return cpu.is_amd() && cpu.family == 0x19;
     case cpu_class::amd_zen5:
@@ -107,6 +111,8 @@ const char* to_string(cpu_class wanted) {
   switch (wanted) {
     case cpu_class::any:
       return "any CPU";
+    case cpu_class::amd_zen3:
+      return "AMD family 0x19, models 0x00-0x0f, 0x20-0x2f, 0x40-0x5f (Zen 3)";
     case cpu_class::amd_zen4:
       return "AMD family 0x19 (Zen 4 when it has AVX-512)";
     case cpu_class::amd_zen5:

@@ -38,6 +38,7 @@ inline constexpr std::size_t gemm_kc = 256;
 /// Which CPUs a row is for.
 enum class cpu_class {
   any,        // every CPU that runs the row's path
+  amd_zen3,   // AMD family 0x19, Zen 3 models (Milan, Vermeer, Rembrandt, Cezanne): AVX2, two 256-bit FMA pipes
   amd_zen4,   // AMD family 0x19 with AVX-512: 512-bit FMAs split over two 256-bit pipes
   amd_zen5,   // AMD family 0x1a: two full 512-bit FMA pipes
   intel_amx,  // Intel with AMX tiles (Sapphire Rapids and later Xeons): two 512-bit FMA ports, 2 MiB L2
@@ -146,6 +147,15 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "Attention tiles of 120 rows (measured on Zen 5, avx512-zen5 above). No paged prefetch, no A in place "
      "beyond one panel: CPUs no row names (the Xeons and Zen 5 measured have theirs above). int8 p v pages "
      "several to a call up to 64 rows, as on Zen 5."},
+    {"avx2-zen3", simd_path::avx2, cpu_class::amd_zen3, 6, 16, 2, 120, 0, 2048, 0, false, 0, 0, true,
+     "Zen 3 (measured on an EPYC that reports model 0x1 under KVM, 2026-12-06): the tile, blocks and attention "
+     "tiles of avx2 (below). The fp32 GEMM's paged rows (every cache dtype: this path widens bf16, f16 and int8 "
+     "into its fp32 kernels) 2 KiB ahead: against none, 6 alternations of S1_decode_gqa_vs_limit, S1 f32 "
+     "2.09-2.33 -> 1.75-1.94 ms, bf16 1.35-1.48 -> 1.08-1.12, f16 1.34-1.46 -> 1.04-1.09, int8 1.13-1.24 -> "
+     "1.09-1.11, S5 f32 17.9-20.4 -> 15.4-17.7 ms; 1, 3, 8 and 16 KiB no better, a further 4 KiB into L2 "
+     "(bf16 1.29-1.34 ms) or the prefetches into L2 only (1.18-1.21) slower. A packed unless it is one panel: "
+     "A in place up to 8 B panels, as on Zen 5, was slower here (2 alternations: S4 2.07-2.16 -> 2.19-2.33 ms, "
+     "1024 x 128 x 1024 3.23-3.28 -> 3.36-3.55 ms, S2 within the noise)."},
     {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0, false, 0, 0, true,
      "AVX2 + FMA, two 256-bit FMA pipes (Intel Haswell on, AMD Zen 1-4): 16 ymm: 6 x 16 = 12 "
      "accumulators + 2 B vectors + 1 broadcast = 15 live (BLIS's haswell sgemm); 12 chains cover "
