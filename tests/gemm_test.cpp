@@ -201,6 +201,35 @@ TEST_CASE("gemm determinism: a row of C is bit-identical for any m, thread count
   }
 }
 
+TEST_CASE("gemm determinism: more A blocks than the tasks wanted (their count a multiple of the threads), same bits") {
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    const gemm_config config = gemm_config_for(path);
+    // 8 MC blocks of rows and a few: 9 blocks at 1 thread; at 2 threads (8
+    // tasks wanted) the driver rounds the 9 up to 10, at 3 (12 wanted) cuts
+    // 12: each a different split of rows, never of a sum.
+    const std::size_t m = 8 * config.mc + 7, n = 2 * config.nr + 3, k = config.kc + 3;
+    std::mt19937 generator(11);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<float> a(m * k), b(k * n);
+    for (float& x : a) x = uniform(generator);
+    for (float& x : b) x = uniform(generator);
+    auto run = [&](int threads) {
+      std::vector<float> c(m * n);
+      tbb::task_arena arena(threads);
+      arena.execute([&] {
+        gemm({m, n, k}, 1.0f, {a.data(), k, transpose::no}, {b.data(), n, transpose::no}, 0.0f, c.data(), n, path);
+      });
+      return c;
+    };
+    const std::vector<float> one_thread = run(1);
+    CHECK(run(2) == one_thread);
+    CHECK(run(3) == one_thread);
+    // And right, against the double reference, on 2 threads.
+    tbb::task_arena two_threads(2);
+    two_threads.execute([&] { check_case({m, n, k, false, false, 0, 0, 0, 1.0f, 0.0f}, path, generator); });
+  }
+}
+
 TEST_CASE("gemm: few rows over a B that is packed (transposed, or rows 256 bytes apart) split by columns per thread: "
           "the bits of the rows of a tall product") {
   // Up to 48 rows, a B that cannot be read in place is packed by column

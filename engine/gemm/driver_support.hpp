@@ -2,6 +2,7 @@
 // of their public entry points and the split of a step's work over threads.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 
 #include <tbb/parallel_for.h>
@@ -31,10 +32,15 @@ void validate_c(const float* c, std::size_t ldc, std::size_t m, std::size_t n);
 /// of fp32 weights) is 1.6 Mflop but 3 MiB read.
 constexpr double flops_per_byte_moved = 8.0;
 
+/// The threads of the current arena (at least 1).
+inline std::size_t arena_threads() {
+  return static_cast<std::size_t>(std::max(1, tbb::this_task_arena::max_concurrency()));
+}
+
 /// How many tasks to cut a step into: about 4 per thread of the current
 /// arena (work stealing evens out the rest), 1 on a single thread.
 inline std::size_t wanted_tasks() {
-  const auto threads = static_cast<std::size_t>(tbb::this_task_arena::max_concurrency());
+  const std::size_t threads = arena_threads();
   return threads < 2 ? 1 : 4 * threads;
 }
 
