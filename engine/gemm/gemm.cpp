@@ -229,23 +229,13 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     // A dense B goes in sweeps of b_sweep_panels panels: each A panel meets
     // a sweep's panels in turn, then the next A panel the same ones
     // (kernel_config.cpp says why); pages (a KV cache's blocks, their next
-    // panel prefetched below) go one panel at a time.
-    // Under a single A panel (a decode step's p v over a cache's blocks) the
-    // pages go outermost instead: each page's panels, contiguous in it, are
-    // read as one stream before the next page, and every element's chain
-    // still runs from page to page in order. Measured on Zen 4 (S1's
-    // geometry, f32 cache, 7 alternations): block 64 2.93 -> 2.27 ms, 32
-    // 3.18 -> 2.62-3.13, 16 4.93 -> 4.71 (medians); block 256 has one page.
+    // panel prefetched below) go one panel at a time; row pages under a
+    // single A panel, pages outermost, in a loop of their own (below).
     struct call {
       std::size_t panel, a_index, page;
     };
-    const bool page_major = pages > 1 && end_panel == first_panel + 1;
     const std::size_t sweep = block.pages == nullptr ? config.b_sweep_panels : 1;
     auto after = [&](call i) {
-      if (page_major) {
-        if (++i.panel < panel_end) return i;
-        return ++i.page < pages ? call{panel_begin, i.a_index, i.page} : call{panel_end, i.a_index, pages};
-      }
       if (++i.page < pages) return i;
       const std::size_t sweep_begin = panel_begin + (i.panel - panel_begin) / sweep * sweep;
       const std::size_t sweep_end = std::min(panel_end, sweep_begin + sweep);
@@ -293,6 +283,50 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     params.alpha = alpha;
     params.beta = beta;
     params.ldc = ldc;
+    // Row pages under a single A panel (a decode step's p v over a cache's
+    // blocks): the pages go outermost, each page's panels, contiguous in it,
+    // read as one stream before the next page, and every element's chain
+    // still runs from page to page in order (Zen 4, S1's geometry, f32
+    // cache, 7 alternations: block 64 2.93 -> 2.27 ms, 32 3.18 ->
+    // 2.62-3.13, 16 4.93 -> 4.71, medians). A loop of its own, with what
+    // its calls share looked up once: the loop below reloads every field of
+    // block and config it reads after each kernel call (an opaque call, for
+    // all the compiler knows, may change them), which small pages' short
+    // calls felt (Zen 3, S1 at block 16 over block 256's time: bf16 1.31 ->
+    // 1.16, int8 1.32-1.35 -> 1.14-1.15, f32 1.10-1.13 -> 1.05-1.06).
+    if (block.page_depth != 0 && end_panel == first_panel + 1) {
+      const panel_rows rows = a_panel(m, config.mr, first_panel);
+      const std::size_t element = static_cast<std::size_t>(block.element), nr = config.nr;
+      const microkernel_function kernel = config.microkernels[element][rows.rows - 1];
+      const stream_prefetch ahead = config.paged_prefetch[element];
+      const std::size_t page_depth = block.page_depth, panel_bytes = page_depth * nr * element_size;
+      const std::size_t first_page_panel = block.first_panel;
+      const void* const* const page_list = block.pages;
+      const float* const a_rows = a_start(first_panel, rows);
+      float* const c_rows = c + rows.row0 * ldc + col0;
+      params.b_row_stride = block.row_stride;
+      params.b_next_l2_offset = ahead.l2_bytes != 0 ? ahead.l2_bytes - ahead.l1_bytes : 0;
+      params.b_next_to_l2 = config.paged_prefetch_to_l2;
+      for (std::size_t page = 0; page < pages; ++page) {
+        const std::byte* const page_panels =
+            static_cast<const std::byte*>(page_list[page]) + first_page_panel * panel_bytes;
+        params.a = a_rows + page * page_depth * a_k_stride;
+        params.k_depth = std::min(page_depth, depth - page * page_depth);
+        params.accumulate = page > 0;
+        for (std::size_t panel = panel_begin; panel < panel_end; ++panel) {
+          const std::byte* const b = page_panels + panel * panel_bytes;
+          params.b_panel = b;
+          params.b_next = ahead.l1_bytes != 0 ? b + ahead.l1_bytes : nullptr;
+          params.c = c_rows + panel * nr;
+          const std::size_t width = std::min(nr, cols - panel * nr);
+          if (width == nr)
+            kernel(params);
+          else
+            run_tile(config, block.element, params, rows.rows, width);
+        }
+      }
+      return;
+    }
     call i{narrow_begin, first_panel, 0};
     panel_rows span = a_panel(m, config.mr, i.a_index);  // of A panel i.a_index
     for (const void* b = done(i) ? nullptr : b_panel_at(i.panel, i.page); !done(i);) {
