@@ -229,8 +229,8 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     // A dense B goes in sweeps of b_sweep_panels panels: each A panel meets
     // a sweep's panels in turn, then the next A panel the same ones
     // (kernel_config.cpp says why); pages (a KV cache's blocks, their next
-    // panel prefetched below) go one panel at a time; row pages under a
-    // single A panel, pages outermost, in a loop of their own (below).
+    // panel prefetched below) go one panel at a time; under a single A
+    // panel, pages go in loops of their own (below).
     struct call {
       std::size_t panel, a_index, page;
     };
@@ -283,46 +283,72 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     params.alpha = alpha;
     params.beta = beta;
     params.ldc = ldc;
-    // Row pages under a single A panel (a decode step's p v over a cache's
-    // blocks): the pages go outermost, each page's panels, contiguous in it,
-    // read as one stream before the next page, and every element's chain
-    // still runs from page to page in order (Zen 4, S1's geometry, f32
-    // cache, 7 alternations: block 64 2.93 -> 2.27 ms, 32 3.18 ->
-    // 2.62-3.13, 16 4.93 -> 4.71, medians). A loop of its own, with what
-    // its calls share looked up once: the loop below reloads every field of
-    // block and config it reads after each kernel call (an opaque call, for
-    // all the compiler knows, may change them), which small pages' short
-    // calls felt (Zen 3, S1 at block 16 over block 256's time: bf16 1.31 ->
-    // 1.16, int8 1.32-1.35 -> 1.14-1.15, f32 1.10-1.13 -> 1.05-1.06).
-    if (block.page_depth != 0 && end_panel == first_panel + 1) {
+    // A single A panel over pages (a decode step's q kᵀ and p v over a
+    // cache's blocks) runs in loops of its own below, with what its calls
+    // share looked up once: the general loop after them reloads every field
+    // of block and config it reads after each kernel call (an opaque call,
+    // for all the compiler knows, may change them) and divides to find each
+    // column page's panel, which small pages' short calls felt (Zen 3, S1 at
+    // block 16 over block 256's time: bf16 1.31 -> 1.16, int8 1.32-1.35 ->
+    // 1.14-1.15, f32 1.10-1.13 -> 1.05-1.06). Each call as the general loop
+    // would make it, in its order.
+    if (block.pages != nullptr && end_panel == first_panel + 1) {
       const panel_rows rows = a_panel(m, config.mr, first_panel);
       const std::size_t element = static_cast<std::size_t>(block.element), nr = config.nr;
-      const microkernel_function kernel = config.microkernels[element][rows.rows - 1];
+      const bool half = block.half_panels;
+      const std::size_t panel_width = half ? nr / 2 : nr;
+      const microkernel_function kernel =
+          (half ? config.half_microkernels : config.microkernels)[element][rows.rows - 1];
       const stream_prefetch ahead = config.paged_prefetch[element];
-      const std::size_t page_depth = block.page_depth, panel_bytes = page_depth * nr * element_size;
-      const std::size_t first_page_panel = block.first_panel;
       const void* const* const page_list = block.pages;
-      const float* const a_rows = a_start(first_panel, rows);
       float* const c_rows = c + rows.row0 * ldc + col0;
+      params.a = a_start(first_panel, rows);
       params.b_row_stride = block.row_stride;
       params.b_next_l2_offset = ahead.l2_bytes != 0 ? ahead.l2_bytes - ahead.l1_bytes : 0;
       params.b_next_to_l2 = config.paged_prefetch_to_l2;
-      for (std::size_t page = 0; page < pages; ++page) {
-        const std::byte* const page_panels =
-            static_cast<const std::byte*>(page_list[page]) + first_page_panel * panel_bytes;
-        params.a = a_rows + page * page_depth * a_k_stride;
-        params.k_depth = std::min(page_depth, depth - page * page_depth);
-        params.accumulate = page > 0;
-        for (std::size_t panel = panel_begin; panel < panel_end; ++panel) {
-          const std::byte* const b = page_panels + panel * panel_bytes;
-          params.b_panel = b;
-          params.b_next = ahead.l1_bytes != 0 ? b + ahead.l1_bytes : nullptr;
-          params.c = c_rows + panel * nr;
-          const std::size_t width = std::min(nr, cols - panel * nr);
-          if (width == nr)
-            kernel(params);
-          else
-            run_tile(config, block.element, params, rows.rows, width);
+      // The tile of the panel at b, columns [col, col + width) of the block.
+      auto tile = [&](const std::byte* b, std::size_t col, std::size_t width) {
+        params.b_panel = b;
+        params.b_next = ahead.l1_bytes != 0 ? b + ahead.l1_bytes : nullptr;
+        params.c = c_rows + col;
+        if (width == panel_width)
+          kernel(params);
+        else
+          run_tile(config, block.element, params, rows.rows, width, half);
+      };
+      if (block.page_depth != 0) {
+        // Row pages: the pages go outermost, each page's panels, contiguous
+        // in it, read as one stream before the next page, and every
+        // element's chain still runs from page to page in order (Zen 4, S1's
+        // geometry, f32 cache, 7 alternations: block 64 2.93 -> 2.27 ms, 32
+        // 3.18 -> 2.62-3.13, 16 4.93 -> 4.71, medians).
+        const float* const a_rows = params.a;
+        const std::size_t page_depth = block.page_depth, panel_bytes = page_depth * nr * element_size;
+        const std::size_t first_page_panel = block.first_panel;
+        for (std::size_t page = 0; page < pages; ++page) {
+          const std::byte* const page_panels =
+              static_cast<const std::byte*>(page_list[page]) + first_page_panel * panel_bytes;
+          params.a = a_rows + page * page_depth * a_k_stride;
+          params.k_depth = std::min(page_depth, depth - page * page_depth);
+          params.accumulate = page > 0;
+          for (std::size_t panel = panel_begin; panel < panel_end; ++panel)
+            tile(page_panels + panel * panel_bytes, panel * nr, std::min(nr, cols - panel * nr));
+        }
+        return;
+      }
+      // Column pages: panel by panel, page by page.
+      const std::size_t per_page = block.panels_per_page, page_columns = block.page_columns;
+      const std::size_t first_page = block.first_page, panel_bytes = block.panel_stride * element_size;
+      const std::size_t page_offset_bytes = block.page_offset * element_size;
+      params.k_depth = depth;
+      std::size_t page = panel_begin / per_page, in_page = panel_begin % per_page;
+      for (std::size_t panel = panel_begin; panel < panel_end; ++panel) {
+        const std::size_t col = page * page_columns + in_page * panel_width;
+        tile(static_cast<const std::byte*>(page_list[first_page + page]) + page_offset_bytes + in_page * panel_bytes,
+             col, std::min({panel_width, page_columns - in_page * panel_width, cols - col}));
+        if (++in_page == per_page) {
+          in_page = 0;
+          ++page;
         }
       }
       return;
