@@ -299,6 +299,19 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       const std::size_t panel_width = half ? nr / 2 : nr;
       const microkernel_function kernel =
           (half ? config.half_microkernels : config.microkernels)[element][rows.rows - 1];
+      // A single A panel streams B at DRAM speed: the next panel's
+      // prefetches would only compete with the hardware's (S1_decode_gqa on
+      // Zen 4: 1.72-1.96 ms with them, 1.48-1.67 without); where the
+      // configuration says (fp32_paged_prefetch_bytes, kernel_config.hpp)
+      // each step prefetches its own row that far ahead in the stream
+      // instead (Zen 5, 3 alternations: S1 over an f16 cache 0.703 -> 0.578
+      // ms, S5 6.21 -> 5.23, at 8 KiB; 4 KiB then took 5% off f32 and f16 as
+      // well), and further ahead into L2 where it says too. The last call of
+      // the product as well: its prefetches run past the page's end (a
+      // prefetch never faults) into what the cache stores next, a chunk's V
+      // after its K. Without them that call streamed on the hardware
+      // prefetchers alone, 30% slower per byte (Xeon, S1's geometry over an
+      // f32 cache, 3 alternations: 2.41-2.55 -> 2.25-2.31 ms).
       const stream_prefetch ahead = config.paged_prefetch[element];
       const void* const* const page_list = block.pages;
       float* const c_rows = c + rows.row0 * ldc + col0;
@@ -358,35 +371,17 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     for (const void* b = done(i) ? nullptr : b_panel_at(i.panel, i.page); !done(i);) {
       const call next = after(i);
       const void* const b_next = done(next) ? nullptr : b_panel_at(next.panel, next.page);
-      // Only pages (a KV cache's blocks, scattered) need the next B named,
-      // and only under several A panels: every call of a B panel prefetches
-      // the next panel, not only the last one, so it has all the A panels'
-      // calls to arrive (S4_decode_mqa, 32 rows: 9% faster on Zen 3, 4-6% on
-      // Zen 4). Contiguous panels stream in by the hardware prefetchers, and
-      // the prefetch per k step would cost compute-bound GEMMs ~8%
-      // instructions. A single A panel (decode over a GQA group) streams B
-      // at DRAM speed: there the next panel's prefetches only compete with
-      // the hardware's (S1_decode_gqa on Zen 4: 1.72-1.96 ms with them,
-      // 1.48-1.67 without); where the configuration says (fp32_paged_prefetch_bytes,
-      // kernel_config.hpp) each step prefetches its own row that far ahead in
-      // the stream instead (Zen 5, 3 alternations: S1 over an f16 cache
-      // 0.703 -> 0.578 ms, S5 6.21 -> 5.23, at 8 KiB; 4 KiB then took 5% off
-      // f32 and f16 as well), and further ahead into L2 where it says too.
-      // The last call of the product as well: its prefetches run past the
-      // page's end (a prefetch never faults) into what the cache stores next,
-      // a chunk's V after its K. Without them that call streamed on the
-      // hardware prefetchers alone, 30% slower per byte (Xeon, S1's geometry
-      // over an f32 cache, 3 alternations: 2.41-2.55 -> 2.25-2.31 ms).
+      // Only pages (a KV cache's blocks, scattered) need the next B named
+      // (here, under several A panels; a single one's loops are above):
+      // every call of a B panel prefetches the next panel, not only the
+      // last one, so it has all the A panels' calls to arrive
+      // (S4_decode_mqa, 32 rows: 9% faster on Zen 3, 4-6% on Zen 4).
+      // Contiguous panels stream in by the hardware prefetchers, and the
+      // prefetch per k step would cost compute-bound GEMMs ~8% instructions.
       const call next_b = pages > 1 ? next : call{i.panel + 1, first_panel, 0};
       const void* b_prefetch = nullptr;
       std::size_t b_prefetch_l2_offset = 0;
-      if (block.pages != nullptr && end_panel != first_panel + 1) {
-        if (!done(next_b)) b_prefetch = b_panel_at(next_b.panel, next_b.page);
-      } else if (const stream_prefetch& ahead = config.paged_prefetch[static_cast<std::size_t>(block.element)];
-                 block.pages != nullptr && ahead.l1_bytes != 0) {
-        b_prefetch = static_cast<const std::byte*>(b) + ahead.l1_bytes;
-        if (ahead.l2_bytes != 0) b_prefetch_l2_offset = ahead.l2_bytes - ahead.l1_bytes;
-      }
+      if (block.pages != nullptr && !done(next_b)) b_prefetch = b_panel_at(next_b.panel, next_b.page);
       const bool packed_tail = block.tail_panel != nullptr && i.panel + 1 == panels;
       const column_span columns = panel_span(i.panel);
       const std::size_t k = i.page * block.page_depth;
