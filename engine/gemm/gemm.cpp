@@ -284,14 +284,15 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     params.beta = beta;
     params.ldc = ldc;
     // A single A panel over pages (a decode step's q kᵀ and p v over a
-    // cache's blocks) runs in loops of its own below, with what its calls
-    // share looked up once: the general loop after them reloads every field
-    // of block and config it reads after each kernel call (an opaque call,
-    // for all the compiler knows, may change them) and divides to find each
+    // cache's blocks) runs in loops of its own, with what its calls share
+    // looked up once: the general loop after them reloads every field of
+    // block and config it reads after each kernel call (an opaque call, for
+    // all the compiler knows, may change them) and divides to find each
     // column page's panel, which small pages' short calls felt (Zen 3, S1 at
-    // block 16 over block 256's time: bf16 1.31 -> 1.16, int8 1.32-1.35 ->
-    // 1.14-1.15, f32 1.10-1.13 -> 1.05-1.06). Each call as the general loop
-    // would make it, in its order.
+    // block 16 over block 256's time, 4 alternations: bf16 1.28-1.32 ->
+    // 1.11-1.20, int8 1.31-1.35 -> 1.14-1.17, f32 1.09-1.14 -> 1.05-1.06).
+    // The calls, their order and so every sum are the ones the general loop
+    // made.
     if (block.pages != nullptr && end_panel == first_panel + 1) {
       const panel_rows rows = a_panel(m, config.mr, first_panel);
       const std::size_t element = static_cast<std::size_t>(block.element), nr = config.nr;
