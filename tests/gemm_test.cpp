@@ -1,6 +1,7 @@
 // GEMM against the double reference on every SIMD path this CPU runs.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -347,7 +348,9 @@ TEST_CASE("gemm over a paged B: the bits of one packed B, pages along n or along
   for (simd_path path : kvhead::supported_simd_paths())
     for (const std::size_t page : {std::size_t{16}, std::size_t{32}, std::size_t{64}})
       for (const std::size_t pages : {std::size_t{1}, std::size_t{3}, std::size_t{4}})
-        for (const std::size_t m : {std::size_t{1}, std::size_t{4}, std::size_t{7}, std::size_t{13}})
+        // m 61: at 1 thread more A panels than the driver's loops for a few
+        // of them take (gemm.cpp, lean_a_panels) at MR 6; at 2, a few per task.
+        for (const std::size_t m : {std::size_t{1}, std::size_t{4}, std::size_t{7}, std::size_t{13}, std::size_t{61}})
           for (const std::size_t other : {std::size_t{1}, std::size_t{17}, std::size_t{40}, std::size_t{300}}) {
             CAPTURE(std::string(kvhead::to_string(path)));
             CAPTURE(page);
@@ -368,9 +371,14 @@ TEST_CASE("gemm over a paged B: the bits of one packed B, pages along n or along
               }
               std::vector<float> expected(m * used_n), got(m * used_n);
               gemm({m, used_n, k}, 0.5f, {a.data(), k, transpose::no}, whole.view(), 0.0f, expected.data(), used_n);
-              gemm({m, used_n, k}, 0.5f, {a.data(), k, transpose::no},
-                   paged_b_view{addresses.data(), page, false, k, n, path}, 0.0f, got.data(), used_n);
-              CHECK(same_floats(got, expected));
+              for (const int threads : {1, 2}) {
+                std::fill(got.begin(), got.end(), std::numeric_limits<float>::quiet_NaN());
+                tbb::task_arena(threads).execute([&] {
+                  gemm({m, used_n, k}, 0.5f, {a.data(), k, transpose::no},
+                       paged_b_view{addresses.data(), page, false, k, n, path}, 0.0f, got.data(), used_n);
+                });
+                CHECK(same_floats(got, expected));
+              }
             }
             // Along k: B is (pages * page) x n, n = other, depth up to KC.
             if (paged <= 256) {
@@ -383,11 +391,16 @@ TEST_CASE("gemm over a paged B: the bits of one packed B, pages along n or along
                 parts.emplace_back(page, n, gemm_operand{b.data() + p * page * n, n, transpose::no}, path);
                 addresses.push_back(parts.back().view().panels);
               }
-              std::vector<float> expected(m * n), got(m * n, std::numeric_limits<float>::quiet_NaN());
+              std::vector<float> expected(m * n), got(m * n);
               gemm({m, n, used_k}, 1.0f, {a.data(), k, transpose::no}, whole.view(), 0.0f, expected.data(), n);
-              gemm({m, n, used_k}, 1.0f, {a.data(), k, transpose::no},
-                   paged_b_view{addresses.data(), page, true, k, n, path}, 0.0f, got.data(), n);
-              CHECK(same_floats(got, expected));
+              for (const int threads : {1, 2}) {
+                std::fill(got.begin(), got.end(), std::numeric_limits<float>::quiet_NaN());
+                tbb::task_arena(threads).execute([&] {
+                  gemm({m, n, used_k}, 1.0f, {a.data(), k, transpose::no},
+                       paged_b_view{addresses.data(), page, true, k, n, path}, 0.0f, got.data(), n);
+                });
+                CHECK(same_floats(got, expected));
+              }
             }
           }
   const float a = 1.0f, b = 1.0f;

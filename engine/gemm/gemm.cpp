@@ -8,9 +8,11 @@
 #include "engine/gemm/gemm.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <tbb/task_arena.h>
 
@@ -131,6 +133,11 @@ panel_rows a_panel(std::size_t m, std::size_t mr, std::size_t panel) {
   return panel + 2 == panels ? panel_rows{pair0, first} : panel_rows{pair0 + first, mr + remainder - first};
 }
 
+// A task of at most this many A panels over pages runs in loops of its own
+// (multiply_block): a decode step's GQA group (one panel), MQA's 32 query
+// rows (6 panels at MR 6, 3 at MR 12).
+constexpr std::size_t lean_a_panels = 8;
+
 // One (JC, PC) step: C[:, col0 : col0+cols] (+)= alpha * op(A)[:, k0 : k0+depth] * block.
 // Tasks over (block of A panels x group of NR panels), each reading its
 // packed A block (L2) against its B panels (L1). Packed A panel p, of the
@@ -229,8 +236,8 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     // A dense B goes in sweeps of b_sweep_panels panels: each A panel meets
     // a sweep's panels in turn, then the next A panel the same ones
     // (kernel_config.cpp says why); pages (a KV cache's blocks, their next
-    // panel prefetched below) go one panel at a time; under a single A
-    // panel, pages go in loops of their own (below).
+    // panel prefetched below) go one panel at a time; under at most
+    // lean_a_panels A panels, pages go in loops of their own (below).
     struct call {
       std::size_t panel, a_index, page;
     };
@@ -283,23 +290,37 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     params.alpha = alpha;
     params.beta = beta;
     params.ldc = ldc;
-    // A single A panel over pages (a decode step's q kᵀ and p v over a
-    // cache's blocks) runs in loops of its own, with what its calls share
-    // looked up once: the general loop after them reloads every field of
-    // block and config it reads after each kernel call (an opaque call, for
-    // all the compiler knows, may change them) and divides to find each
-    // column page's panel, which small pages' short calls felt (Zen 3, S1 at
-    // block 16 over block 256's time, 4 alternations: bf16 1.28-1.32 ->
-    // 1.11-1.20, int8 1.31-1.35 -> 1.14-1.17, f32 1.09-1.14 -> 1.05-1.06).
-    // The calls, their order and so every sum are the ones the general loop
-    // made.
-    if (block.pages != nullptr && end_panel == first_panel + 1) {
-      const panel_rows rows = a_panel(m, config.mr, first_panel);
+    // A few A panels over pages (a decode step's q kᵀ and p v over a cache's
+    // blocks: a GQA group's rows, or MQA's 32) run in loops of their own,
+    // with what their calls share looked up once: the general loop after
+    // them reloads every field of block and config it reads after each
+    // kernel call (an opaque call, for all the compiler knows, may change
+    // them), divides to find each A panel's rows and each column page's
+    // panel, which small pages' short calls felt (Zen 3, S1 at block 16 over
+    // block 256's time, 4 alternations: bf16 1.28-1.32 -> 1.11-1.20, int8
+    // 1.31-1.35 -> 1.14-1.17, f32 1.09-1.14 -> 1.05-1.06; S4_decode_mqa,
+    // perf: the driver's samples 11% of the kernels' -> 3.4%). Each
+    // element's sum is the one the general loop makes: the same kernel over
+    // the same rows, its chain running from page to page in order.
+    if (block.pages != nullptr && end_panel - first_panel <= lean_a_panels) {
       const std::size_t element = static_cast<std::size_t>(block.element), nr = config.nr;
       const bool half = block.half_panels;
-      const std::size_t panel_width = half ? nr / 2 : nr;
-      const microkernel_function kernel =
-          (half ? config.half_microkernels : config.microkernels)[element][rows.rows - 1];
+      const std::size_t panel_width = half ? nr / 2 : nr, a_step = a_k_stride;
+      const microkernel_function* const kernels = (half ? config.half_microkernels : config.microkernels)[element];
+      // The task's A panels: where each starts (from the block's first k),
+      // where its C rows start, its rows and their kernel.
+      struct a_tile {
+        const float* a;
+        float* c;
+        std::size_t rows;
+        microkernel_function kernel;
+      };
+      std::array<a_tile, lean_a_panels> a_tiles;
+      const std::size_t a_count = end_panel - first_panel;
+      for (std::size_t i = 0; i < a_count; ++i) {
+        const panel_rows rows = a_panel(m, config.mr, first_panel + i);
+        a_tiles[i] = {a_start(first_panel + i, rows), c + rows.row0 * ldc + col0, rows.rows, kernels[rows.rows - 1]};
+      }
       // A single A panel streams B at DRAM speed: the next panel's
       // prefetches would only compete with the hardware's (S1_decode_gqa on
       // Zen 4: 1.72-1.96 ms with them, 1.48-1.67 without); where the
@@ -313,58 +334,91 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       // after its K. Without them that call streamed on the hardware
       // prefetchers alone, 30% slower per byte (Xeon, S1's geometry over an
       // f32 cache, 3 alternations: 2.41-2.55 -> 2.25-2.31 ms).
-      const stream_prefetch ahead = config.paged_prefetch[element];
+      // Under several A panels every call of a B panel prefetches the next
+      // panel, not only the last one, so it has all the A panels' calls to
+      // arrive (S4_decode_mqa, 32 rows: 9% faster on Zen 3, 4-6% on Zen 4).
       const void* const* const page_list = block.pages;
-      float* const c_rows = c + rows.row0 * ldc + col0;
-      params.a = a_start(first_panel, rows);
       params.b_row_stride = block.row_stride;
-      params.b_next_l2_offset = ahead.l2_bytes != 0 ? ahead.l2_bytes - ahead.l1_bytes : 0;
       params.b_next_to_l2 = config.paged_prefetch_to_l2;
-      // The tile of the panel at b, columns [col, col + width) of the block.
-      auto tile = [&](const std::byte* b, std::size_t col, std::size_t width) {
-        params.b_panel = b;
-        params.b_next = ahead.l1_bytes != 0 ? b + ahead.l1_bytes : nullptr;
-        params.c = c_rows + col;
-        if (width == panel_width)
-          kernel(params);
-        else
-          run_tile(config, block.element, params, rows.rows, width, half);
+      // The loops, instantiated for one A panel and for several: with the
+      // count a constant 1, the single panel's calls keep no loop over A
+      // panels around them (Zen 3, block 16 over a bf16 cache, perf: the
+      // driver's samples 9% of the kernel's with one, 6.5% without).
+      auto run_pages = [&](auto several_a_panels) {
+        constexpr bool several = decltype(several_a_panels)::value;
+        const std::size_t count = several ? a_count : 1;
+        const stream_prefetch ahead = several ? stream_prefetch{} : config.paged_prefetch[element];
+        params.b_next_l2_offset = ahead.l2_bytes != 0 ? ahead.l2_bytes - ahead.l1_bytes : 0;
+        // Every A panel's tile against the panel at b from row k, columns
+        // [col, col + width) of the block; following(): the B panel after it.
+        auto tiles = [&](const std::byte* b, auto following, std::size_t k, std::size_t col, std::size_t width) {
+          params.b_panel = b;
+          if constexpr (several)
+            params.b_next = following();
+          else
+            params.b_next = ahead.l1_bytes != 0 ? b + ahead.l1_bytes : nullptr;
+          for (std::size_t i = 0; i < count; ++i) {
+            params.a = a_tiles[i].a + k * a_step;
+            params.c = a_tiles[i].c + col;
+            if (width == panel_width)
+              a_tiles[i].kernel(params);
+            else
+              run_tile(config, block.element, params, a_tiles[i].rows, width, half);
+          }
+        };
+        if (block.page_depth != 0) {
+          // Row pages: the pages go outermost, each page's panels, contiguous
+          // in it, read as one stream before the next page, and every
+          // element's chain still runs from page to page in order (Zen 4,
+          // S1's geometry, f32 cache, 7 alternations: block 64 2.93 -> 2.27
+          // ms, 32 3.18 -> 2.62-3.13, 16 4.93 -> 4.71, medians).
+          const std::size_t page_depth = block.page_depth, panel_bytes = page_depth * nr * element_size;
+          const std::size_t first_page_panel = block.first_panel;
+          auto page_panels = [&](std::size_t page) {
+            return static_cast<const std::byte*>(page_list[page]) + first_page_panel * panel_bytes;
+          };
+          for (std::size_t page = 0; page < pages; ++page) {
+            const std::byte* const panels_here = page_panels(page);
+            params.k_depth = std::min(page_depth, depth - page * page_depth);
+            params.accumulate = page > 0;
+            for (std::size_t panel = panel_begin; panel < panel_end; ++panel)
+              tiles(
+                  panels_here + panel * panel_bytes,
+                  [&] {
+                    return panel + 1 < panel_end ? panels_here + (panel + 1) * panel_bytes
+                           : page + 1 < pages    ? page_panels(page + 1) + panel_begin * panel_bytes
+                                                 : nullptr;
+                  },
+                  page * page_depth, panel * nr, std::min(nr, cols - panel * nr));
+          }
+          return;
+        }
+        // Column pages: panel by panel, page by page.
+        const std::size_t per_page = block.panels_per_page, page_columns = block.page_columns;
+        const std::size_t first_page = block.first_page, panel_bytes = block.panel_stride * element_size;
+        const std::size_t page_offset_bytes = block.page_offset * element_size;
+        auto panel_at = [&](std::size_t page, std::size_t in_page) {
+          return static_cast<const std::byte*>(page_list[first_page + page]) + page_offset_bytes +
+                 in_page * panel_bytes;
+        };
+        params.k_depth = depth;
+        std::size_t page = panel_begin / per_page, in_page = panel_begin % per_page;
+        for (std::size_t panel = panel_begin; panel < panel_end; ++panel) {
+          const std::size_t col = page * page_columns + in_page * panel_width;
+          const std::byte* const b = panel_at(page, in_page);
+          const std::size_t width = std::min({panel_width, page_columns - in_page * panel_width, cols - col});
+          if (++in_page == per_page) {
+            in_page = 0;
+            ++page;
+          }
+          tiles(
+              b, [&] { return panel + 1 < panel_end ? panel_at(page, in_page) : nullptr; }, 0, col, width);
+        }
       };
-      if (block.page_depth != 0) {
-        // Row pages: the pages go outermost, each page's panels, contiguous
-        // in it, read as one stream before the next page, and every
-        // element's chain still runs from page to page in order (Zen 4, S1's
-        // geometry, f32 cache, 7 alternations: block 64 2.93 -> 2.27 ms, 32
-        // 3.18 -> 2.62-3.13, 16 4.93 -> 4.71, medians).
-        const float* const a_rows = params.a;
-        const std::size_t page_depth = block.page_depth, panel_bytes = page_depth * nr * element_size;
-        const std::size_t first_page_panel = block.first_panel;
-        for (std::size_t page = 0; page < pages; ++page) {
-          const std::byte* const page_panels =
-              static_cast<const std::byte*>(page_list[page]) + first_page_panel * panel_bytes;
-          params.a = a_rows + page * page_depth * a_k_stride;
-          params.k_depth = std::min(page_depth, depth - page * page_depth);
-          params.accumulate = page > 0;
-          for (std::size_t panel = panel_begin; panel < panel_end; ++panel)
-            tile(page_panels + panel * panel_bytes, panel * nr, std::min(nr, cols - panel * nr));
-        }
-        return;
-      }
-      // Column pages: panel by panel, page by page.
-      const std::size_t per_page = block.panels_per_page, page_columns = block.page_columns;
-      const std::size_t first_page = block.first_page, panel_bytes = block.panel_stride * element_size;
-      const std::size_t page_offset_bytes = block.page_offset * element_size;
-      params.k_depth = depth;
-      std::size_t page = panel_begin / per_page, in_page = panel_begin % per_page;
-      for (std::size_t panel = panel_begin; panel < panel_end; ++panel) {
-        const std::size_t col = page * page_columns + in_page * panel_width;
-        tile(static_cast<const std::byte*>(page_list[first_page + page]) + page_offset_bytes + in_page * panel_bytes,
-             col, std::min({panel_width, page_columns - in_page * panel_width, cols - col}));
-        if (++in_page == per_page) {
-          in_page = 0;
-          ++page;
-        }
-      }
+      if (a_count == 1)
+        run_pages(std::false_type{});
+      else
+        run_pages(std::true_type{});
       return;
     }
     call i{narrow_begin, first_panel, 0};
@@ -373,10 +427,8 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       const call next = after(i);
       const void* const b_next = done(next) ? nullptr : b_panel_at(next.panel, next.page);
       // Only pages (a KV cache's blocks, scattered) need the next B named
-      // (here, under several A panels; a single one's loops are above):
-      // every call of a B panel prefetches the next panel, not only the
-      // last one, so it has all the A panels' calls to arrive
-      // (S4_decode_mqa, 32 rows: 9% faster on Zen 3, 4-6% on Zen 4).
+      // (here, under more A panels than the loops above take), as there:
+      // every call of a B panel prefetches the next one.
       // Contiguous panels stream in by the hardware prefetchers, and the
       // prefetch per k step would cost compute-bound GEMMs ~8% instructions.
       const call next_b = pages > 1 ? next : call{i.panel + 1, first_panel, 0};
