@@ -342,6 +342,18 @@ bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// `product` (writing `got`) run at 1 thread (a task of every A panel) and at
+// 2 (a few per task), each time from NaN, gives `expected`'s bits.
+template <class Product>
+void same_at_1_and_2_threads(const std::vector<float>& expected, std::vector<float>& got, const Product& product) {
+  for (const int threads : {1, 2}) {
+    CAPTURE(threads);
+    std::fill(got.begin(), got.end(), std::numeric_limits<float>::quiet_NaN());
+    tbb::task_arena(threads).execute(product);
+    CHECK(same_floats(got, expected));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("gemm over a paged B: the bits of one packed B, pages along n or along k, every path") {
@@ -371,14 +383,10 @@ TEST_CASE("gemm over a paged B: the bits of one packed B, pages along n or along
               }
               std::vector<float> expected(m * used_n), got(m * used_n);
               gemm({m, used_n, k}, 0.5f, {a.data(), k, transpose::no}, whole.view(), 0.0f, expected.data(), used_n);
-              for (const int threads : {1, 2}) {
-                std::fill(got.begin(), got.end(), std::numeric_limits<float>::quiet_NaN());
-                tbb::task_arena(threads).execute([&] {
-                  gemm({m, used_n, k}, 0.5f, {a.data(), k, transpose::no},
-                       paged_b_view{addresses.data(), page, false, k, n, path}, 0.0f, got.data(), used_n);
-                });
-                CHECK(same_floats(got, expected));
-              }
+              same_at_1_and_2_threads(expected, got, [&] {
+                gemm({m, used_n, k}, 0.5f, {a.data(), k, transpose::no},
+                     paged_b_view{addresses.data(), page, false, k, n, path}, 0.0f, got.data(), used_n);
+              });
             }
             // Along k: B is (pages * page) x n, n = other, depth up to KC.
             if (paged <= 256) {
@@ -393,14 +401,10 @@ TEST_CASE("gemm over a paged B: the bits of one packed B, pages along n or along
               }
               std::vector<float> expected(m * n), got(m * n);
               gemm({m, n, used_k}, 1.0f, {a.data(), k, transpose::no}, whole.view(), 0.0f, expected.data(), n);
-              for (const int threads : {1, 2}) {
-                std::fill(got.begin(), got.end(), std::numeric_limits<float>::quiet_NaN());
-                tbb::task_arena(threads).execute([&] {
-                  gemm({m, n, used_k}, 1.0f, {a.data(), k, transpose::no},
-                       paged_b_view{addresses.data(), page, true, k, n, path}, 0.0f, got.data(), n);
-                });
-                CHECK(same_floats(got, expected));
-              }
+              same_at_1_and_2_threads(expected, got, [&] {
+                gemm({m, n, used_k}, 1.0f, {a.data(), k, transpose::no},
+                     paged_b_view{addresses.data(), page, true, k, n, path}, 0.0f, got.data(), n);
+              });
             }
           }
   const float a = 1.0f, b = 1.0f;
