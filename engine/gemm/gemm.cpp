@@ -294,6 +294,9 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     params.alpha = alpha;
     params.beta = beta;
     params.ldc = ldc;
+    // The kernels of the block's element and panel width, by rows - 1.
+    const microkernel_function* const kernels =
+        (block.half_panels ? config.half_microkernels : config.microkernels)[static_cast<std::size_t>(block.element)];
     // A few A panels over pages (a decode step's q kᵀ and p v over a cache's
     // blocks: a GQA group's rows, or MQA's 32) run in loops of their own,
     // with what their calls share looked up once: the general loop after
@@ -310,7 +313,6 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       const std::size_t element = static_cast<std::size_t>(block.element), nr = config.nr;
       const bool half = block.half_panels;
       const std::size_t panel_width = half ? nr / 2 : nr, a_step = a_k_stride;
-      const microkernel_function* const kernels = (half ? config.half_microkernels : config.microkernels)[element];
       // The task's A panels: where each starts (from the block's first k),
       // where its C rows start, its rows and their kernel.
       struct a_tile {
@@ -425,8 +427,6 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
         run_pages(std::true_type{});
       return;
     }
-    const microkernel_function* const kernels =
-        (block.half_panels ? config.half_microkernels : config.microkernels)[static_cast<std::size_t>(block.element)];
     call i{narrow_begin, first_panel, 0, panel_begin + (narrow_begin - panel_begin) / sweep * sweep};
     panel_rows span = a_panel(m, config.mr, i.a_index);  // of A panel i.a_index
     for (const void* b = done(i) ? nullptr : b_panel_at(i.panel, i.page); !done(i);) {
