@@ -2,7 +2,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -417,6 +419,55 @@ TEST_CASE("gemm over a paged B: the bits of one packed B, pages along n or along
       gemm({1, 1, 1}, 1.0f, {&a, 1, transpose::no},
            paged_b_view{&page, 1, true, 1, 1, kvhead::active_simd_path(), kvhead::kv_dtype::f32, 1}, 0.0f, &c, 1),
       doctest::Contains("narrow pages need to be column pages"), std::invalid_argument);
+}
+
+TEST_CASE("gemm over bf16 pages along k: the bits of the same values in f32 pages, every path") {
+  // bf16 rows widen into the kernels' own lane order (even and odd columns
+  // on avx2 and avx512), which C keeps from page to page (microkernel.hpp,
+  // c_to_lanes); f32 rows are in memory order. The values are bf16's (an
+  // f32 with its low 16 bits cleared), so both read the same numbers.
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    const std::size_t nr = gemm_config_for(path).nr;
+    for (const std::size_t page : {std::size_t{16}, std::size_t{32}})
+      for (const std::size_t pages : {std::size_t{3}, std::size_t{4}})
+        // m 61: more A panels than the driver's loops for a few of them take (lean_a_panels).
+        for (const std::size_t m : {std::size_t{4}, std::size_t{13}, std::size_t{61}})
+          for (const std::size_t n : {std::size_t{17}, std::size_t{40}, std::size_t{300}}) {
+            CAPTURE(std::string(kvhead::to_string(path)));
+            CAPTURE(page);
+            CAPTURE(pages);
+            CAPTURE(m);
+            CAPTURE(n);
+            const std::size_t k = page * pages, used_k = k - page / 2, panels = (n + nr - 1) / nr;
+            std::vector<float> b = seeded_floats(k * n, 5);
+            for (float& value : b) value = std::bit_cast<float>(std::bit_cast<std::uint32_t>(value) & 0xffff0000u);
+            const std::vector<float> a = seeded_floats(m * k, 6);
+            std::vector<packed_b> f32_parts;
+            std::vector<std::vector<bf16_bits>> bf16_parts;
+            std::vector<const void*> f32_pages, bf16_pages;
+            for (std::size_t p = 0; p < pages; ++p) {
+              f32_parts.emplace_back(page, n, gemm_operand{b.data() + p * page * n, n, transpose::no}, path);
+              f32_pages.push_back(f32_parts.back().view().panels);
+              // The packed layout of one KC block: panel, then row, then lane; columns past n zero.
+              std::vector<bf16_bits> part(panels * page * nr, bf16_bits{0});
+              for (std::size_t row = 0; row < page; ++row)
+                for (std::size_t col = 0; col < n; ++col)
+                  part[col / nr * page * nr + row * nr + col % nr].bits =
+                      std::uint16_t(std::bit_cast<std::uint32_t>(b[(p * page + row) * n + col]) >> 16);
+              bf16_parts.push_back(std::move(part));
+              bf16_pages.push_back(bf16_parts.back().data());
+            }
+            std::vector<float> expected(m * n), got(m * n);
+            const gemm_operand a_rows{a.data(), k, transpose::no};
+            gemm({m, n, used_k}, 1.0f, a_rows, paged_b_view{f32_pages.data(), page, true, k, n, path}, 0.0f,
+                 expected.data(), n);
+            same_at_1_and_2_threads(expected, got, [&] {
+              gemm({m, n, used_k}, 1.0f, a_rows,
+                   paged_b_view{bf16_pages.data(), page, true, k, n, path, kvhead::kv_dtype::bf16}, 0.0f, got.data(),
+                   n);
+            });
+          }
+  }
 }
 
 // A KV cache's 16-key blocks on a path whose panels are wider: each page one

@@ -110,6 +110,7 @@ void run_tile(const gemm_config& config, kv_dtype element, const microkernel_par
   microkernel_params padded = params;
   padded.c = tile;
   padded.ldc = config.nr;
+  padded.c_from_lanes = padded.c_to_lanes = false;  // only `cols` columns of C are kept: in memory order
   kernel(padded);
   for (std::size_t row = 0; row < rows; ++row)
     std::copy(tile + row * config.nr, tile + row * config.nr + cols, c + row * ldc);
@@ -377,7 +378,9 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
           // in it, read as one stream before the next page, and every
           // element's chain still runs from page to page in order (Zen 4,
           // S1's geometry, f32 cache, 7 alternations: block 64 2.93 -> 2.27
-          // ms, 32 3.18 -> 2.62-3.13, 16 4.93 -> 4.71, medians).
+          // ms, 32 3.18 -> 2.62-3.13, 16 4.93 -> 4.71, medians). Whole
+          // panels' C stays in their kernel's lane order from page to page
+          // (microkernel.hpp, c_to_lanes).
           const std::size_t page_depth = block.page_depth, panel_bytes = page_depth * nr * element_size;
           const std::size_t first_page_panel = block.first_panel;
           auto page_panels = [&](std::size_t page) {
@@ -386,7 +389,8 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
           for (std::size_t page = 0; page < pages; ++page) {
             const std::byte* const panels_here = page_panels(page);
             params.k_depth = std::min(page_depth, depth - page * page_depth);
-            params.accumulate = page > 0;
+            params.accumulate = params.c_from_lanes = page > 0;
+            params.c_to_lanes = page + 1 < pages;
             for (std::size_t panel = panel_begin; panel < panel_end; ++panel)
               tiles(
                   panels_here + panel * panel_bytes,
@@ -463,7 +467,8 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       }
       params.k_depth = block.page_depth != 0 ? std::min(block.page_depth, depth - k) : depth;
       params.c = c + span.row0 * ldc + col0 + columns.col;
-      params.accumulate = i.page > 0;  // row pages: continue the chain
+      params.accumulate = params.c_from_lanes = i.page > 0;  // row pages: continue the chain
+      params.c_to_lanes = i.page + 1 < pages;
       params.b_next = b_prefetch;
       params.b_next_l2_offset = b_prefetch_l2_offset;
       params.b_next_to_l2 = block.pages != nullptr && config.paged_prefetch_to_l2;

@@ -59,7 +59,16 @@
 // accumulate (alpha and beta unused): acc = C; the same k loop; C = acc. The
 // chain of FMAs continues where the last call left it, so a depth cut into
 // pieces (the first one with alpha 1, beta 0; the rest accumulating) gives
-// exactly the bits of one call over the whole depth (1 * acc == acc).
+// exactly the bits of one call over the whole depth (1 * acc == acc). C is
+// then in L1 (the last call wrote it): not prefetched.
+// c_to_lanes, c_from_lanes: between the calls of such a chain C may stay in
+// the kernel's lane order (microkernel_impl.hpp, panel_order: bf16 widens
+// into even and odd columns), each call but the last leaving it so and each
+// but the first reading it so: the shuffles to and from memory order ran
+// once per call, and a chain over 16-row pages (a KV cache's 16-token
+// blocks) made of 16-step calls spent a fifth of its kernel's samples on
+// them (Zen 3, S1 over a bf16 cache). Lane order moves values, never
+// changes one: the chain's bits are the same.
 #pragma once
 
 #include <cstddef>
@@ -79,6 +88,12 @@ struct microkernel_params {
   float* c;
   std::size_t ldc;
   bool accumulate = false;  // C holds the running acc (see above)
+  // With accumulate, C holds it in the kernel's lane order (c_to_lanes below):
+  // read as is, not mapped from memory order.
+  bool c_from_lanes = false;
+  // C = acc left in the kernel's lane order, for the next call of the chain
+  // (c_from_lanes); alpha 1 and beta 0 unless accumulating.
+  bool c_to_lanes = false;
   const void* b_next = nullptr;
   std::size_t b_next_l2_offset = 0;  // with b_next: bytes beyond it also prefetched into L2 (0: not)
   bool b_next_to_l2 = false;         // with b_next and no L2 offset: its rows into L2 only (prefetcht1)

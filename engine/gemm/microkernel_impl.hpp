@@ -62,23 +62,25 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
   // on large C it comes from L3 or DRAM (a stall per tile otherwise). Each
   // vector's first line and the row's last: a row not 64-byte aligned (a
   // std::vector's C) spans one line more than its vectors. Later in the k
-  // loop (32-128 steps before its end) measured slower on Zen 5.
-#pragma GCC unroll 16
-  for (std::size_t row = 0; row < rows; ++row) {
-    const float* const c_row = params.c + row * params.ldc;
-#pragma GCC unroll 8
-    for (std::size_t v = 0; v < vectors; ++v) __builtin_prefetch(c_row + v * batch::size, 1);
-    __builtin_prefetch(c_row + vectors * batch::size - 1, 1);
-  }
-
+  // loop (32-128 steps before its end) measured slower on Zen 5. Not when
+  // accumulating: the chain's last call has just written it.
   const bool accumulate = params.accumulate;
+  if (!accumulate)
+#pragma GCC unroll 16
+    for (std::size_t row = 0; row < rows; ++row) {
+      const float* const c_row = params.c + row * params.ldc;
+#pragma GCC unroll 8
+      for (std::size_t v = 0; v < vectors; ++v) __builtin_prefetch(c_row + v * batch::size, 1);
+      __builtin_prefetch(c_row + vectors * batch::size - 1, 1);
+    }
+
   batch acc[rows][vectors];
 #pragma GCC unroll 16
   for (std::size_t row = 0; row < rows; ++row)
 #pragma GCC unroll 8
     for (std::size_t v = 0; v < vectors; ++v)
       acc[row][v] = accumulate ? batch::load_unaligned(params.c + row * params.ldc + v * batch::size) : batch(0.0f);
-  if (accumulate)
+  if (accumulate && !params.c_from_lanes)
 #pragma GCC unroll 16
     for (std::size_t row = 0; row < rows; ++row)
 #pragma GCC unroll 4
@@ -168,10 +170,11 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
     with_a(std::integral_constant<int, prefetch_l1_and_l2>{});
   }
 
+  if (!params.c_to_lanes)
 #pragma GCC unroll 16
-  for (std::size_t row = 0; row < rows; ++row)
+    for (std::size_t row = 0; row < rows; ++row)
 #pragma GCC unroll 4
-    for (std::size_t panel = 0; panel < Panels; ++panel) order::to_memory(acc[row] + panel * panel_vectors);
+      for (std::size_t panel = 0; panel < Panels; ++panel) order::to_memory(acc[row] + panel * panel_vectors);
   const batch alpha(params.alpha);
   const batch beta(params.beta);
   const bool read_c = !accumulate && params.beta != 0.0f;
