@@ -56,6 +56,12 @@
 // ROWS x NR / 2 tile): a narrow panel of 16 columns on a 32-wide path (a KV
 // cache's 16-key blocks, paged_b_view::narrow_row_stride), without the FMAs
 // of 16 unused columns. Each element's arithmetic is the narrow kernel's.
+// Sequences: a kernel one panel wide (PANELS 1) runs panel_sequence tiles
+// one after another, the jth over the panel at b_panel + j * b_panel_stride
+// (b_next, when named, that much further too) into C's columns from
+// j * COLUMNS: the calls it stands for in one, for the pages of a KV cache
+// whose small blocks make short calls (16 k steps a page at block 16) and
+// many of them. Each tile's arithmetic is a call's. Never with b_copy.
 // accumulate (alpha and beta unused): acc = C; the same k loop; C = acc. The
 // chain of FMAs continues where the last call left it, so a depth cut into
 // pieces (the first one with alpha 1, beta 0; the rest accumulating) gives
@@ -97,7 +103,8 @@ struct microkernel_params {
   const void* b_next = nullptr;
   std::size_t b_next_l2_offset = 0;  // with b_next: bytes beyond it also prefetched into L2 (0: not)
   bool b_next_to_l2 = false;         // with b_next and no L2 offset: its rows into L2 only (prefetcht1)
-  std::size_t b_panel_stride = 0;  // elements between the panels of a wide tile
+  std::size_t b_panel_stride = 0;    // elements between the panels of a wide tile or a sequence
+  std::size_t panel_sequence = 1;    // one-panel kernels: panels run in turn (see above)
   float* b_copy = nullptr;         // fp32, one NR-column panel: B's rows also stored here, NR apart
 };
 

@@ -58,138 +58,144 @@ void gemm_kernels<Arch, MR, NR>::microkernel(const microkernel_params& params) {
                 (Panels == 1 || Rows <= wide_max_rows) && (Columns == NR || (2 * Columns == NR && Panels == 1)));
   using order = panel_order<Arch, Element, panel_vectors>;
 
-  // Fetch the C tile now: it is read and written only after the k loop, and
-  // on large C it comes from L3 or DRAM (a stall per tile otherwise). Each
-  // vector's first line and the row's last: a row not 64-byte aligned (a
-  // std::vector's C) spans one line more than its vectors. Later in the k
-  // loop (32-128 steps before its end) measured slower on Zen 5. Not when
-  // accumulating: the chain's last call has just written it.
-  const bool accumulate = params.accumulate;
-  if (!accumulate)
-#pragma GCC unroll 16
-    for (std::size_t row = 0; row < rows; ++row) {
-      const float* const c_row = params.c + row * params.ldc;
-#pragma GCC unroll 8
-      for (std::size_t v = 0; v < vectors; ++v) __builtin_prefetch(c_row + v * batch::size, 1);
-      __builtin_prefetch(c_row + vectors * batch::size - 1, 1);
-    }
-
-  batch acc[rows][vectors];
-#pragma GCC unroll 16
-  for (std::size_t row = 0; row < rows; ++row)
-#pragma GCC unroll 8
-    for (std::size_t v = 0; v < vectors; ++v)
-      acc[row][v] = accumulate ? batch::load_unaligned(params.c + row * params.ldc + v * batch::size) : batch(0.0f);
-  if (accumulate && !params.c_from_lanes)
-#pragma GCC unroll 16
-    for (std::size_t row = 0; row < rows; ++row)
-#pragma GCC unroll 4
-      for (std::size_t panel = 0; panel < Panels; ++panel) order::from_memory(acc[row] + panel * panel_vectors);
-
-  // What each k step prefetches: nothing, b_next's row, or that and its
-  // row b_next_l2_offset further into L2. Rows shorter than a line (half
-  // panels of 16-bit or 8-bit elements, Columns apart in a cache's narrow
-  // K pages) prefetch at the first row of each line only: a prefetch per
-  // row made S1 over a bf16 cache at block 16 3-5% slower (Xeon, 2
-  // alternations), prefetches of lines already on their way waiting for a
-  // fill buffer.
-  // prefetch_l1_l2_and_copy: as prefetch_l1_and_l2, and B's row stored at b_copy.
-  // prefetch_l2: b_next's rows into L2 only (b_next_to_l2).
-  enum { prefetch_none, prefetch_l1, prefetch_l2, prefetch_l1_and_l2, prefetch_l1_l2_and_copy };
-  constexpr bool copies = std::is_same_v<Element, float> && Panels == 1 && Columns == NR;
-  constexpr std::size_t rows_per_line = Columns * sizeof(Element) >= 64 ? 1 : 64 / (Columns * sizeof(Element));
-  // The k loop over A's strides: compile-time constants for a packed A
-  // panel (1 along rows, MR along k: no index arithmetic in the loop), the
-  // caller's for an A read in place; with the next call's B prefetched
-  // (row k at step k) only when the caller names it. Same arithmetic in
-  // every variant.
-  const Element* const b_panel = static_cast<const Element*>(params.b_panel);
-  const Element* const b_next = static_cast<const Element*>(params.b_next);
-  float* const b_copy = params.b_copy;
-  const auto k_loop = [&](auto a_row_stride, auto a_k_stride, auto prefetch) {
-    // A's rows in groups of 3 from one pointer each (rows r, r + 1, r + 2 at
-    // offsets 0, a_row_stride, 2 a_row_stride: one base and one index register
-    // per address): a pointer per row, or an offset per row, left 12 live
-    // values for 16 registers and spilled half of them in A in place's loop
-    // (Xeon, 2026-12-04: 1024 x 128 x 1024 1.80-1.87 -> 1.58-1.74 ms, S4's
-    // products alone 147-153 -> 151-162 GFLOP/s). A packed A folds them
-    // into one pointer and constant offsets.
-    constexpr std::size_t groups = (rows + 2) / 3;
-    const float* a_group[groups];
-#pragma GCC unroll 8
-    for (std::size_t group = 0; group < groups; ++group) a_group[group] = params.a + 3 * group * a_row_stride;
-    const Element* b = b_panel;
-    for (std::size_t k = 0; k < params.k_depth; ++k, b += params.b_row_stride) {
-      if constexpr (decltype(prefetch)::value != prefetch_none)
-        if (k % rows_per_line == 0) {
-          const auto* next_row = reinterpret_cast<const char*>(b_next + k * params.b_row_stride);
-#pragma GCC unroll 2
-          for (std::size_t line = 0; line < Columns * sizeof(Element); line += 64) {
-            if constexpr (decltype(prefetch)::value == prefetch_l2)
-              __builtin_prefetch(next_row + line, 0, 2);
-            else
-              __builtin_prefetch(next_row + line);
-            if constexpr (decltype(prefetch)::value == prefetch_l1_and_l2 ||
-                          decltype(prefetch)::value == prefetch_l1_l2_and_copy)
-              __builtin_prefetch(next_row + params.b_next_l2_offset + line, 0, 2);
-          }
-        }
-      batch b_row[vectors];
-#pragma GCC unroll 4
-      for (std::size_t panel = 0; panel < Panels; ++panel)
-        order::widen_row(b + panel * params.b_panel_stride, b_row + panel * panel_vectors);
-      if constexpr (decltype(prefetch)::value == prefetch_l1_l2_and_copy)
-#pragma GCC unroll 8
-        for (std::size_t v = 0; v < vectors; ++v) b_row[v].store_unaligned(b_copy + k * NR + v * batch::size);
+  // A sequence of panels (microkernel.hpp): each one's tile in turn.
+  const std::size_t sequence = Panels == 1 ? params.panel_sequence : 1;
+  for (std::size_t j = 0; j < sequence; ++j) {
+    float* const c = params.c + j * Columns;
+    // Fetch the C tile now: it is read and written only after the k loop, and
+    // on large C it comes from L3 or DRAM (a stall per tile otherwise). Each
+    // vector's first line and the row's last: a row not 64-byte aligned (a
+    // std::vector's C) spans one line more than its vectors. Later in the k
+    // loop (32-128 steps before its end) measured slower on Zen 5. Not when
+    // accumulating: the chain's last call has just written it.
+    const bool accumulate = params.accumulate;
+    if (!accumulate)
 #pragma GCC unroll 16
       for (std::size_t row = 0; row < rows; ++row) {
-        const batch a_value(a_group[row / 3][row % 3 * a_row_stride]);
+        const float* const c_row = c + row * params.ldc;
 #pragma GCC unroll 8
-        for (std::size_t v = 0; v < vectors; ++v) acc[row][v] = multiply_add(a_value, b_row[v], acc[row][v]);
+        for (std::size_t v = 0; v < vectors; ++v) __builtin_prefetch(c_row + v * batch::size, 1);
+        __builtin_prefetch(c_row + vectors * batch::size - 1, 1);
       }
-#pragma GCC unroll 8
-      for (std::size_t group = 0; group < groups; ++group) a_group[group] += a_k_stride;
-    }
-  };
-  const auto with_a = [&](auto prefetch) {
-    if (params.a_row_stride == 1 && params.a_k_stride == MR)
-      k_loop(std::integral_constant<std::size_t, 1>{}, std::integral_constant<std::size_t, MR>{}, prefetch);
-    else
-      k_loop(params.a_row_stride, params.a_k_stride, prefetch);
-  };
-  if (copies && b_copy != nullptr) {
-    if constexpr (copies) with_a(std::integral_constant<int, prefetch_l1_l2_and_copy>{});
-  } else if (b_next == nullptr) {
-    with_a(std::integral_constant<int, prefetch_none>{});
-  } else if (params.b_next_l2_offset == 0) {
-    if (params.b_next_to_l2)
-      with_a(std::integral_constant<int, prefetch_l2>{});
-    else
-      with_a(std::integral_constant<int, prefetch_l1>{});
-  } else {
-    with_a(std::integral_constant<int, prefetch_l1_and_l2>{});
-  }
 
-  if (!params.c_to_lanes)
+    batch acc[rows][vectors];
 #pragma GCC unroll 16
     for (std::size_t row = 0; row < rows; ++row)
-#pragma GCC unroll 4
-      for (std::size_t panel = 0; panel < Panels; ++panel) order::to_memory(acc[row] + panel * panel_vectors);
-  const batch alpha(params.alpha);
-  const batch beta(params.beta);
-  const bool read_c = !accumulate && params.beta != 0.0f;
-#pragma GCC unroll 16
-  for (std::size_t row = 0; row < rows; ++row) {
-    float* c_row = params.c + row * params.ldc;
 #pragma GCC unroll 8
-    for (std::size_t v = 0; v < vectors; ++v) {
-      if (accumulate) {
-        acc[row][v].store_unaligned(c_row + v * batch::size);
-        continue;
+      for (std::size_t v = 0; v < vectors; ++v)
+        acc[row][v] = accumulate ? batch::load_unaligned(c + row * params.ldc + v * batch::size) : batch(0.0f);
+    if (accumulate && !params.c_from_lanes)
+#pragma GCC unroll 16
+      for (std::size_t row = 0; row < rows; ++row)
+#pragma GCC unroll 4
+        for (std::size_t panel = 0; panel < Panels; ++panel) order::from_memory(acc[row] + panel * panel_vectors);
+
+    // What each k step prefetches: nothing, b_next's row, or that and its
+    // row b_next_l2_offset further into L2. Rows shorter than a line (half
+    // panels of 16-bit or 8-bit elements, Columns apart in a cache's narrow
+    // K pages) prefetch at the first row of each line only: a prefetch per
+    // row made S1 over a bf16 cache at block 16 3-5% slower (Xeon, 2
+    // alternations), prefetches of lines already on their way waiting for a
+    // fill buffer.
+    // prefetch_l1_l2_and_copy: as prefetch_l1_and_l2, and B's row stored at b_copy.
+    // prefetch_l2: b_next's rows into L2 only (b_next_to_l2).
+    enum { prefetch_none, prefetch_l1, prefetch_l2, prefetch_l1_and_l2, prefetch_l1_l2_and_copy };
+    constexpr bool copies = std::is_same_v<Element, float> && Panels == 1 && Columns == NR;
+    constexpr std::size_t rows_per_line = Columns * sizeof(Element) >= 64 ? 1 : 64 / (Columns * sizeof(Element));
+    // The k loop over A's strides: compile-time constants for a packed A
+    // panel (1 along rows, MR along k: no index arithmetic in the loop), the
+    // caller's for an A read in place; with the next call's B prefetched
+    // (row k at step k) only when the caller names it. Same arithmetic in
+    // every variant.
+    const Element* const b_panel = static_cast<const Element*>(params.b_panel) + j * params.b_panel_stride;
+    const Element* const b_next =
+        params.b_next == nullptr ? nullptr : static_cast<const Element*>(params.b_next) + j * params.b_panel_stride;
+    float* const b_copy = params.b_copy;
+    const auto k_loop = [&](auto a_row_stride, auto a_k_stride, auto prefetch) {
+      // A's rows in groups of 3 from one pointer each (rows r, r + 1, r + 2 at
+      // offsets 0, a_row_stride, 2 a_row_stride: one base and one index register
+      // per address): a pointer per row, or an offset per row, left 12 live
+      // values for 16 registers and spilled half of them in A in place's loop
+      // (Xeon, 2026-12-04: 1024 x 128 x 1024 1.80-1.87 -> 1.58-1.74 ms, S4's
+      // products alone 147-153 -> 151-162 GFLOP/s). A packed A folds them
+      // into one pointer and constant offsets.
+      constexpr std::size_t groups = (rows + 2) / 3;
+      const float* a_group[groups];
+#pragma GCC unroll 8
+      for (std::size_t group = 0; group < groups; ++group) a_group[group] = params.a + 3 * group * a_row_stride;
+      const Element* b = b_panel;
+      for (std::size_t k = 0; k < params.k_depth; ++k, b += params.b_row_stride) {
+        if constexpr (decltype(prefetch)::value != prefetch_none)
+          if (k % rows_per_line == 0) {
+            const auto* next_row = reinterpret_cast<const char*>(b_next + k * params.b_row_stride);
+#pragma GCC unroll 2
+            for (std::size_t line = 0; line < Columns * sizeof(Element); line += 64) {
+              if constexpr (decltype(prefetch)::value == prefetch_l2)
+                __builtin_prefetch(next_row + line, 0, 2);
+              else
+                __builtin_prefetch(next_row + line);
+              if constexpr (decltype(prefetch)::value == prefetch_l1_and_l2 ||
+                            decltype(prefetch)::value == prefetch_l1_l2_and_copy)
+                __builtin_prefetch(next_row + params.b_next_l2_offset + line, 0, 2);
+            }
+          }
+        batch b_row[vectors];
+#pragma GCC unroll 4
+        for (std::size_t panel = 0; panel < Panels; ++panel)
+          order::widen_row(b + panel * params.b_panel_stride, b_row + panel * panel_vectors);
+        if constexpr (decltype(prefetch)::value == prefetch_l1_l2_and_copy)
+#pragma GCC unroll 8
+          for (std::size_t v = 0; v < vectors; ++v) b_row[v].store_unaligned(b_copy + k * NR + v * batch::size);
+#pragma GCC unroll 16
+        for (std::size_t row = 0; row < rows; ++row) {
+          const batch a_value(a_group[row / 3][row % 3 * a_row_stride]);
+#pragma GCC unroll 8
+          for (std::size_t v = 0; v < vectors; ++v) acc[row][v] = multiply_add(a_value, b_row[v], acc[row][v]);
+        }
+#pragma GCC unroll 8
+        for (std::size_t group = 0; group < groups; ++group) a_group[group] += a_k_stride;
       }
-      batch result = alpha * acc[row][v];
-      if (read_c) result = result + beta * batch::load_unaligned(c_row + v * batch::size);
-      result.store_unaligned(c_row + v * batch::size);
+    };
+    const auto with_a = [&](auto prefetch) {
+      if (params.a_row_stride == 1 && params.a_k_stride == MR)
+        k_loop(std::integral_constant<std::size_t, 1>{}, std::integral_constant<std::size_t, MR>{}, prefetch);
+      else
+        k_loop(params.a_row_stride, params.a_k_stride, prefetch);
+    };
+    if (copies && b_copy != nullptr) {
+      if constexpr (copies) with_a(std::integral_constant<int, prefetch_l1_l2_and_copy>{});
+    } else if (b_next == nullptr) {
+      with_a(std::integral_constant<int, prefetch_none>{});
+    } else if (params.b_next_l2_offset == 0) {
+      if (params.b_next_to_l2)
+        with_a(std::integral_constant<int, prefetch_l2>{});
+      else
+        with_a(std::integral_constant<int, prefetch_l1>{});
+    } else {
+      with_a(std::integral_constant<int, prefetch_l1_and_l2>{});
+    }
+
+    if (!params.c_to_lanes)
+#pragma GCC unroll 16
+      for (std::size_t row = 0; row < rows; ++row)
+#pragma GCC unroll 4
+        for (std::size_t panel = 0; panel < Panels; ++panel) order::to_memory(acc[row] + panel * panel_vectors);
+    const batch alpha(params.alpha);
+    const batch beta(params.beta);
+    const bool read_c = !accumulate && params.beta != 0.0f;
+#pragma GCC unroll 16
+    for (std::size_t row = 0; row < rows; ++row) {
+      float* c_row = c + row * params.ldc;
+#pragma GCC unroll 8
+      for (std::size_t v = 0; v < vectors; ++v) {
+        if (accumulate) {
+          acc[row][v].store_unaligned(c_row + v * batch::size);
+          continue;
+        }
+        batch result = alpha * acc[row][v];
+        if (read_c) result = result + beta * batch::load_unaligned(c_row + v * batch::size);
+        result.store_unaligned(c_row + v * batch::size);
+      }
     }
   }
 }
