@@ -448,8 +448,17 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     }
     call i{narrow_begin, first_panel, 0, panel_begin + (narrow_begin - panel_begin) / sweep * sweep};
     panel_rows span = a_panel(m, config.mr, i.a_index);  // of A panel i.a_index
+    // Over a dense B, an A panel's whole panels of a sweep go in one call (a
+    // sequence, microkernel.hpp), each call's bookkeeping here paid once.
+    const bool sequences = block.pages == nullptr && block.source == nullptr;
+    const std::size_t whole_panels = std::min(cols / config.nr, block.tail_panel != nullptr ? panels - 1 : panels);
+    params.b_panel_stride = block.panel_stride;
     for (const void* b = done(i) ? nullptr : b_panel_at(i.panel, i.page); !done(i);) {
-      const call next = after(i);
+      call last = i;  // the call's last panel, its sequence's
+      const std::size_t run_end = std::min({panel_end, i.sweep_begin + sweep, whole_panels});
+      if (sequences && i.panel == i.sweep_begin && run_end > i.panel + 1) last.panel = run_end - 1;
+      params.panel_sequence = last.panel - i.panel + 1;
+      const call next = after(last);
       const void* const b_next = done(next) ? nullptr : b_panel_at(next.panel, next.page);
       // Only pages (a KV cache's blocks, scattered) need the next B named
       // (here, under more A panels than the loops above take), as there:
