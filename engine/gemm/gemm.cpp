@@ -246,7 +246,11 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     struct call {
       std::size_t panel, a_index, page, sweep_begin;
     };
-    const std::size_t sweep = block.pages == nullptr ? config.b_sweep_panels : 1;
+    // A paged block in a single page (a product over one chunk of a B laid
+    // out beforehand: scaled_dot_product's K and V) is as contiguous as a
+    // dense one, and goes the same way.
+    const bool one_page = block.pages != nullptr && (block.page_depth != 0 ? pages == 1 : cols <= block.page_columns);
+    const std::size_t sweep = block.pages == nullptr || one_page ? config.b_sweep_panels : 1;
     auto after = [&](call i) {
       if (++i.page < pages) return i;
       const std::size_t sweep_end = std::min(panel_end, i.sweep_begin + sweep);
@@ -448,11 +452,12 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     }
     call i{narrow_begin, first_panel, 0, panel_begin + (narrow_begin - panel_begin) / sweep * sweep};
     panel_rows span = a_panel(m, config.mr, i.a_index);  // of A panel i.a_index
-    // Over a dense B, an A panel's whole panels of a sweep go in one call (a
-    // sequence, microkernel.hpp), each call's bookkeeping here paid once.
-    const bool sequences = block.pages == nullptr && block.source == nullptr;
-    const std::size_t whole_panels = std::min(cols / config.nr, block.tail_panel != nullptr ? panels - 1 : panels);
-    params.b_panel_stride = block.panel_stride;
+    // Over a dense B (or one page), an A panel's whole panels of a sweep go
+    // in one call (a sequence, microkernel.hpp), each call's bookkeeping
+    // here paid once.
+    const bool sequences = (block.pages == nullptr && block.source == nullptr) || one_page;
+    const std::size_t whole_panels = std::min(cols / panel_width, block.tail_panel != nullptr ? panels - 1 : panels);
+    params.b_panel_stride = block.page_depth != 0 ? block.page_depth * config.nr : block.panel_stride;
     for (const void* b = done(i) ? nullptr : b_panel_at(i.panel, i.page); !done(i);) {
       call last = i;  // the call's last panel, its sequence's
       const std::size_t run_end = std::min({panel_end, i.sweep_begin + sweep, whole_panels});
