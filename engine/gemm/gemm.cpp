@@ -237,8 +237,9 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     // A dense B goes in sweeps of b_sweep_panels panels: each A panel meets
     // a sweep's panels in turn, then the next A panel the same ones
     // (kernel_config.cpp says why); pages (a KV cache's blocks, their next
-    // panel prefetched below) go one panel at a time; under at most
-    // lean_a_panels A panels, pages go in loops of their own (below).
+    // panel prefetched below) go one panel at a time, unless the block is
+    // in one page (below); under at most lean_a_panels A panels, pages go
+    // in loops of their own (below).
     // A call carries the first panel of its sweep: found from its panel, it
     // cost a division per call. (With the kernel called here for whole
     // panels, below: Zen 3, perf, the driver's samples 7.2% of the kernels'

@@ -59,9 +59,10 @@
 // Sequences: a kernel one panel wide (PANELS 1) runs panel_sequence tiles
 // one after another, the jth over the panel at b_panel + j * b_panel_stride
 // (b_next, when named, that much further too) into C's columns from
-// j * COLUMNS: the calls it stands for in one, for the pages of a KV cache
-// whose small blocks make short calls (16 k steps a page at block 16) and
-// many of them. Each tile's arithmetic is a call's. Never with b_copy.
+// j * COLUMNS: the calls it stands for in one (an A panel's over a sweep
+// of B panels, or over a KV cache page's panels, whose small blocks make
+// short calls: 16 k steps a page at block 16), the caller's bookkeeping and
+// the call paid once. Each tile's arithmetic is a call's. Never with b_copy.
 // accumulate (alpha and beta unused): acc = C; the same k loop; C = acc. The
 // chain of FMAs continues where the last call left it, so a depth cut into
 // pieces (the first one with alpha 1, beta 0; the rest accumulating) gives
