@@ -64,7 +64,7 @@ std::size_t& serial_depth() {
 // panels_per_page) * panel_stride elements into the page.
 // Row pages: every panel is split along k over the pages, page_depth rows
 // each (panel first_panel + p of page i at pages[i] + (first_panel + p) *
-// page_depth * NR elements).
+// page_depth * NR elements: panel_stride is page_depth * NR).
 struct b_block {
   const void* panels;
   std::size_t panel_stride, row_stride;
@@ -397,7 +397,7 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
           // at block 16, perf: this driver's samples 7.5% of the kernel's ->
           // 4.2%; block 16 over the best block, 3 alternations: bf16
           // 1.14-1.17 -> 1.11-1.12, int8 1.16-1.25 -> 1.10-1.13).
-          params.b_panel_stride = page_depth * nr;
+          params.b_panel_stride = block.panel_stride;
           const std::size_t whole_end = several ? panel_begin : std::max(panel_begin, std::min(panel_end, cols / nr));
           for (std::size_t page = 0; page < pages; ++page) {
             const std::byte* const panels_here = page_panels(page);
@@ -458,7 +458,7 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     // here paid once.
     const bool sequences = (block.pages == nullptr && block.source == nullptr) || one_page;
     const std::size_t whole_panels = std::min(cols / panel_width, block.tail_panel != nullptr ? panels - 1 : panels);
-    params.b_panel_stride = block.page_depth != 0 ? block.page_depth * config.nr : block.panel_stride;
+    params.b_panel_stride = block.panel_stride;
     for (const void* b = done(i) ? nullptr : b_panel_at(i.panel, i.page); !done(i);) {
       call last = i;  // the call's last panel, its sequence's
       const std::size_t run_end = std::min({panel_end, i.sweep_begin + sweep, whole_panels});
@@ -733,7 +733,7 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b, 
       return std::string("gemm: a B paged along k needs k <= KC (") + std::to_string(shape.k) + "), alpha 1 and beta 0";
     });
     auto row_pages = [&](std::size_t col0, std::size_t, std::size_t, std::size_t) {
-      b_block block{nullptr, 0, config.nr, nullptr, b.element};
+      b_block block{nullptr, b.page * config.nr, config.nr, nullptr, b.element};
       block.pages = b.pages;
       block.first_panel = col0 / config.nr;
       block.page_depth = b.page;
