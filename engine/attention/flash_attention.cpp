@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -165,19 +166,23 @@ class user_kv_source final : public kv_chunk_source {
   std::size_t segment_keys() const override { return kv_chunk; }
   kv_dtype element() const override { return packed_.element; }
 
-  kv_segment segment(std::size_t chunk, std::size_t) const override {
+  void segments(std::size_t chunk, std::size_t first, std::size_t end, kv_segment* views) const override {
+    assert(first == 0 && end <= 1);  // one segment a chunk
+    if (end == first) return;
     const std::size_t key0 = chunk * kv_chunk, width = std::min(kv_chunk, keys_ - key0);
     const std::size_t slot = chunk - packed_.first_chunk;
     const packed_b_view keys{
         packed_.keys + slot * packed_.key_floats, head_dim_, width, path_, packed_.element, packed_.layout};
     if (packed_.values != nullptr)
-      return {keys,
-              {packed_.values + slot * packed_.value_floats, width, head_dim_, path_, packed_.element, packed_.layout},
-              {},
-              nullptr,
-              nullptr,
-              packed_.values_finite[slot] != 0};
-    return {keys, {}, {v_ + key0 * v_seq_stride_, v_seq_stride_, transpose::no}};
+      views[0] = {
+          keys,
+          {packed_.values + slot * packed_.value_floats, width, head_dim_, path_, packed_.element, packed_.layout},
+          {},
+          nullptr,
+          nullptr,
+          packed_.values_finite[slot] != 0};
+    else
+      views[0] = {keys, {}, {v_ + key0 * v_seq_stride_, v_seq_stride_, transpose::no}};
   }
 
  private:
@@ -370,7 +375,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   const std::size_t first_segment = std::min(lowest, width) / segment_keys;
   const std::size_t first_key = first_segment * segment_keys;  // keys [first_key, width) are computed
   kv_segment views[max_segments_per_chunk];
-  for (std::size_t s = first_segment; s < segments; ++s) views[s] = source.segment(chunk, s);
+  source.segments(chunk, first_segment, segments, views);
   // int8: the per-key scales of K and V (one line per 16 keys at the end of
   // each region). V's are prefetched now: they are read before V's stream
   // reaches them, a DRAM miss per line otherwise (Zen 5: S1 and S5 over an

@@ -46,40 +46,45 @@ class cache_kv_source final : public kv_chunk_source {
  public:
   cache_kv_source(const kv_cache& cache, const std::uint32_t* table, std::size_t layer, std::size_t kv_head,
                   simd_path path)
-      : cache_(cache),
-        table_(table),
-        layer_(layer),
-        kv_head_(kv_head),
+      : table_(table),
+        pool_(kv_cache_internals::pool(cache)),
+        geometry_(kv_cache_internals::geometry(cache)),
+        key_region_(region_geometry::key_region(layer, cache.config().num_kv_heads, kv_head)),
         scales_offset_(kv_cache_internals::scales_offset(cache)),
-        block_size_(cache.config().block_size),
-        head_dim_(cache.config().head_dim),
-        narrow_key_row_stride_(kv_narrow_key_row_stride(gemm_config_for(path).nr, block_size_)),
-        path_(path),
-        dtype_(cache.dtype()) {}
+        block_size_(cache.config().block_size) {
+    const std::size_t head_dim = cache.config().head_dim;
+    const kv_dtype dtype = cache.dtype();
+    blank_.keys = {nullptr, head_dim, block_size_, path, dtype};
+    blank_.values = {nullptr, block_size_, head_dim, path, dtype};
+    blank_.key_row_stride = kv_narrow_key_row_stride(gemm_config_for(path).nr, block_size_);
+  }
 
   std::size_t segment_keys() const override { return block_size_; }
-  kv_dtype element() const override { return dtype_; }
+  kv_dtype element() const override { return blank_.keys.element; }
 
-  kv_segment segment(std::size_t chunk, std::size_t index) const override {
-    const std::uint32_t block = table_[chunk * (kv_chunk / block_size_) + index];
-    const std::byte* key = kv_cache_internals::region(cache_, block, layer_, kv_head_, false);
-    const std::byte* value = kv_cache_internals::region(cache_, block, layer_, kv_head_, true);
-    kv_segment view{{key, head_dim_, block_size_, path_, dtype_}, {value, block_size_, head_dim_, path_, dtype_}, {}};
-    view.key_row_stride = narrow_key_row_stride_;
-    if (dtype_ == kv_dtype::int8) {
-      view.key_scales = reinterpret_cast<const float*>(key + scales_offset_);
-      view.value_scales = reinterpret_cast<const float*>(value + scales_offset_);
+  void segments(std::size_t chunk, std::size_t first, std::size_t end, kv_segment* views) const override {
+    const std::uint32_t* const blocks = table_ + chunk * (kv_chunk / block_size_);
+    const bool scaled = blank_.keys.element == kv_dtype::int8;
+    for (std::size_t s = first; s < end; ++s) {
+      const std::byte* key = pool_ + geometry_.offset(blocks[s], key_region_);
+      const std::byte* value = pool_ + geometry_.offset(blocks[s], key_region_ + 1);
+      kv_segment& view = views[s];
+      view = blank_;
+      view.keys.panels = key;
+      view.values.panels = value;
+      if (scaled) {
+        view.key_scales = reinterpret_cast<const float*>(key + scales_offset_);
+        view.value_scales = reinterpret_cast<const float*>(value + scales_offset_);
+      }
     }
-    return view;
   }
 
  private:
-  const kv_cache& cache_;
   const std::uint32_t* table_;
-  std::size_t layer_, kv_head_, scales_offset_;  // scales_offset_: bytes
-  std::size_t block_size_, head_dim_, narrow_key_row_stride_;
-  simd_path path_;
-  kv_dtype dtype_;
+  const std::byte* pool_;
+  region_geometry geometry_;
+  std::size_t key_region_, scales_offset_, block_size_;  // scales_offset_: bytes
+  kv_segment blank_{};                                   // every segment's fields but its addresses
 };
 
 // One value stored as an element (the row's int8 scale aside).

@@ -235,11 +235,9 @@ struct kv_cache::impl {
   /// region side by side ("Block layout" in kv_cache.hpp).
   std::byte* region(std::uint32_t index, std::size_t region) const {
     assert(index < total_blocks && region < regions_per_block);
-    const std::size_t first = index & ~(group_blocks - 1);  // the group's first block (G a power of two)
-    const std::size_t blocks_in_group = std::min(group_blocks, total_blocks - first);
-    return reinterpret_cast<std::byte*>(pool.get()) + first * block_bytes +
-           (region * blocks_in_group + (index - first)) * region_bytes;
+    return reinterpret_cast<std::byte*>(pool.get()) + geometry().offset(index, region);
   }
+  engine::region_geometry geometry() const { return {block_bytes, region_bytes, group_blocks, total_blocks}; }
 };
 
 kv_cache::impl::impl(const kv_cache_config& requested) : config(validated(requested)) {
@@ -487,11 +485,13 @@ const std::byte* kv_cache_internals::pool(const kv_cache& cache) {
 
 std::size_t kv_cache_internals::region_bytes(const kv_cache& cache) { return cache.impl_->region_bytes; }
 
+region_geometry kv_cache_internals::geometry(const kv_cache& cache) { return cache.impl_->geometry(); }
+
 std::byte* kv_cache_internals::region(kv_cache& cache, std::uint32_t block, std::size_t layer, std::size_t kv_head,
                                       bool value) {
   const kv_cache_config& config = cache.impl_->config;
   assert(layer < config.num_layers && kv_head < config.num_kv_heads);
-  return cache.impl_->region(block, (layer * config.num_kv_heads + kv_head) * 2 + (value ? 1 : 0));
+  return cache.impl_->region(block, region_geometry::key_region(layer, config.num_kv_heads, kv_head) + (value ? 1 : 0));
 }
 
 const std::byte* kv_cache_internals::region(const kv_cache& cache, std::uint32_t block, std::size_t layer,

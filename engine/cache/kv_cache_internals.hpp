@@ -29,6 +29,7 @@
 // take no lock.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -96,6 +97,29 @@ static_assert((kv_group_tokens & (kv_group_tokens - 1)) == 0,
 /// never a block index (a pool has at most 2^32 - 1 blocks, checked at creation).
 inline constexpr std::uint32_t dropped_block = UINT32_MAX;
 
+/// Where the pool holds its regions ("Block layout" in kv_cache.hpp): each
+/// group of group_blocks consecutive blocks holds a region index's regions
+/// of all its blocks side by side. Inline, for the readers that ask for a
+/// region per block of every chunk (a decode step at 16-token blocks: two
+/// per 16 keys of each kv head).
+struct region_geometry {
+  std::size_t block_bytes;   // regions_per_block * region_bytes
+  std::size_t region_bytes;  // one K or V region, a multiple of 64
+  std::size_t group_blocks;  // a power of two
+  std::size_t total_blocks;
+
+  /// Region index of (layer, kv head)'s K region; its V region is the next.
+  static constexpr std::size_t key_region(std::size_t layer, std::size_t num_kv_heads, std::size_t kv_head) {
+    return (layer * num_kv_heads + kv_head) * 2;
+  }
+  /// Bytes from the pool's start to region `region` of block `index` (< total_blocks).
+  std::size_t offset(std::uint32_t index, std::size_t region) const {
+    const std::size_t first = index & ~(group_blocks - 1);  // the group's first block
+    const std::size_t blocks_in_group = std::min(group_blocks, total_blocks - first);
+    return first * block_bytes + (region * blocks_in_group + (index - first)) * region_bytes;
+  }
+};
+
 struct kv_cache_internals {
   /// The sequence's block table (block indices into the pool) and, in
   /// *count, its length. Throws kv_cache_error for an unknown or freed id.
@@ -124,6 +148,9 @@ struct kv_cache_internals {
   static const std::byte* pool(const kv_cache& cache);
   /// Bytes of one K or V region (region_bytes of "Block layout").
   static std::size_t region_bytes(const kv_cache& cache);
+  /// The pool's arrangement of regions: region(cache, block, layer, kv_head, value) is
+  /// pool(cache) + geometry(cache).offset(block, key_region(layer, num_kv_heads, kv_head) + value).
+  static region_geometry geometry(const kv_cache& cache);
   /// The K (value == false) or V region of (layer, kv_head) in block `block`
   /// (< total_blocks()): region_bytes bytes, 64-byte aligned.
   static std::byte* region(kv_cache& cache, std::uint32_t block, std::size_t layer, std::size_t kv_head, bool value);
