@@ -98,28 +98,46 @@ TEST_CASE("kv dtype: bf16 and f16 encoding rounds to nearest even, keeps NaN and
   CHECK(engine::encode_bf16(std::numeric_limits<float>::max()).bits == 0x7f80);  // rounds past the largest bf16
 }
 
-TEST_CASE("kv dtype: the row encoders give each element's encoding, at any length") {
+TEST_CASE("kv dtype: the row encoders give each element's encoding, at any length, on every SIMD path") {
   const std::vector<float> values = awkward_floats(4000, 17);
-  for (const std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{16}, std::size_t{131}, values.size()}) {
-    std::vector<engine::f16_bits> f16(count + 1, engine::f16_bits{0x5555});
-    engine::encode_f16_row(values.data(), count, f16.data());
-    std::size_t f16_wrong = 0;
-    for (std::size_t i = 0; i < count; ++i)
-      f16_wrong += !same_16_bits(f16[i].bits, reference::round_to_f16(values[i]), reference::f16_value);
-    CHECK(f16_wrong == 0);
-    CHECK(f16[count].bits == 0x5555);  // nothing written past the row
-    std::mt19937 generator{static_cast<unsigned>(count)};
-    std::vector<float> finite = random_values(count, generator, 1.0f);
-    finite[count / 2] = 0.0f;
-    const float scale = engine::int8_scale(finite.data(), finite.size());
-    REQUIRE(scale == reference::int8_scale(finite.data(), finite.size()));
-    std::vector<std::int8_t> int8(finite.size() + 1, std::int8_t{99});
-    engine::encode_int8_row(finite.data(), finite.size(), scale, int8.data());
-    std::size_t int8_wrong = 0;
-    for (std::size_t i = 0; i < finite.size(); ++i) int8_wrong += int8[i] != reference::int8_value(finite[i], scale);
-    CHECK(int8_wrong == 0);
-    CHECK(int8[finite.size()] == 99);
-  }
+  for (const simd_path path : kvhead::supported_simd_paths())
+    for (const std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9}, std::size_t{16},
+                                    std::size_t{17}, std::size_t{131}, values.size()}) {
+      CAPTURE(path);
+      CAPTURE(count);
+      std::vector<engine::f16_bits> f16(count + 1, engine::f16_bits{0x5555});
+      engine::encode_f16_row(values.data(), count, f16.data(), path);
+      std::size_t f16_wrong = 0;
+      for (std::size_t i = 0; i < count; ++i)
+        f16_wrong += !same_16_bits(f16[i].bits, reference::round_to_f16(values[i]), reference::f16_value);
+      CHECK(f16_wrong == 0);
+      CHECK(f16[count].bits == 0x5555);  // nothing written past the row
+      std::mt19937 generator{static_cast<unsigned>(count)};
+      // A row of ordinary values (exact halves among them), and one so small
+      // that its scale is subnormal: 178 units of the smallest subnormal
+      // over 127 rounds to one, and x / scale reaches 178, clamped to 127.
+      for (const float magnitude : {1.0f, 2.5e-43f}) {
+        std::vector<float> finite = random_values(count, generator, magnitude);
+        finite[count / 2] = 0.0f;
+        if (count > 2) finite[1] = finite[0] * 0.5f;
+        if (magnitude < 1.0f) finite[0] = magnitude;
+        const float scale = engine::int8_scale(finite.data(), finite.size());
+        REQUIRE(scale == reference::int8_scale(finite.data(), finite.size()));
+        std::vector<std::int8_t> int8(finite.size() + 1, std::int8_t{99});
+        engine::encode_int8_row(finite.data(), finite.size(), scale, int8.data(), path);
+        std::size_t int8_wrong = 0;
+        for (std::size_t i = 0; i < finite.size(); ++i)
+          int8_wrong += int8[i] != reference::int8_value(finite[i], scale);
+        CHECK(int8_wrong == 0);
+        CHECK(int8[finite.size()] == 99);
+      }
+      // A zero or NaN scale (an all-zero row, a row with a NaN or an Inf) stores zeros.
+      for (const float scale : {0.0f, std::numeric_limits<float>::quiet_NaN()}) {
+        std::vector<std::int8_t> int8(count, std::int8_t{99});
+        engine::encode_int8_row(values.data(), count, scale, int8.data(), path);
+        CHECK(std::count(int8.begin(), int8.end(), std::int8_t{0}) == std::ptrdiff_t(count));
+      }
+    }
 }
 
 TEST_CASE("kv dtype: int8 scale is max|x| / 127, values round to nearest even, a non-finite row gets a NaN scale") {

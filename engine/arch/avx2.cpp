@@ -1,10 +1,12 @@
-// The softmax kernels instantiated for one ISA (avx2_arch). This TU is built
+// The softmax kernels and the KV cache row encoders instantiated for one ISA (avx2_arch). This TU is built
 // with the ISA's flags (-mavx2 -mfma); see engine/CMakeLists.txt. The GEMM kernels are
 // in engine/gemm/kernels_<isa>.cpp.
+#include "engine/attention/kv_encode_impl.hpp"
 #include "engine/softmax/softmax_impl.hpp"
 
 namespace kvhead::engine {
 
 template struct softmax_kernels<avx2_arch>;
+template struct kv_encode_kernels<avx2_arch>;
 
 }  // namespace kvhead::engine

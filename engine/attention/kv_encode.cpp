@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "engine/arch/dispatch.hpp"
+
 namespace kvhead::engine {
 
 // The largest magnitude as a bit pattern: for |x| the patterns order as the
@@ -14,12 +16,12 @@ float int8_scale(const float* row, std::size_t count) {
   return largest >= 0x7f800000 ? NAN : std::bit_cast<float>(largest) / 127.0f;
 }
 
-void encode_f16_row(const float* in, std::size_t count, f16_bits* out) {
-  for (std::size_t i = 0; i < count; ++i) out[i] = encode_f16(in[i]);
+void encode_f16_row(const float* in, std::size_t count, f16_bits* out, simd_path path) {
+  dispatch(path, [&](auto arch) { kv_encode_kernels<decltype(arch)>::f16_row(in, count, out); });
 }
 
-void encode_int8_row(const float* in, std::size_t count, float scale, std::int8_t* out) {
-  for (std::size_t i = 0; i < count; ++i) out[i] = encode_int8(in[i], scale);
+void encode_int8_row(const float* in, std::size_t count, float scale, std::int8_t* out, simd_path path) {
+  dispatch(path, [&](auto arch) { kv_encode_kernels<decltype(arch)>::int8_row(in, count, scale, out); });
 }
 
 }  // namespace kvhead::engine

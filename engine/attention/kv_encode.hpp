@@ -1,11 +1,13 @@
 // Conversion of fp32 keys and values to a KV cache's stored element types,
 // done once per token as it is written (kv_cache.hpp, "Element types").
-// ISA-free: one element's encoding is a few integer and fp32 operations
-// with selects, inline, and no libm call (std::nearbyint was one call per
-// int8 element: a prefill's int8 cache writes took 2.7x as long, Zen 5,
-// bench cache_write_int8). g++ 12 still compiles f16's selects to branches
-// and vectorizes neither row loop (encode_f16_row, encode_int8_row): a
-// vector form per ISA is not written yet.
+// One element's encoding is a few integer and fp32 operations with selects,
+// inline, and no libm call (std::nearbyint was one call per int8 element: a
+// prefill's int8 cache writes took 2.7x as long, Zen 5, bench
+// cache_write_int8). The row encoders run the same operations lane by lane
+// on the SIMD path they are given (kv_encode_impl.hpp), so a row's bits are
+// the scalar functions' on every path: the scalar loops, which g++ 12
+// vectorizes neither of (f16's selects become branches), made f16 and int8
+// cache writes 2.2-2.3x slower than f32's (Zen 3, cache_write_<dtype>).
 #pragma once
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <cstdint>
 
 #include "engine/gemm/stored_element.hpp"
+#include "kvhead/config.hpp"
 
 namespace kvhead::engine {
 
@@ -69,9 +72,18 @@ inline std::int8_t encode_int8(float x, float scale) {
 }
 
 /// out[i] = encode_f16(in[i]) for i < count.
-void encode_f16_row(const float* in, std::size_t count, f16_bits* out);
+void encode_f16_row(const float* in, std::size_t count, f16_bits* out, simd_path path = active_simd_path());
 
 /// out[i] = encode_int8(in[i], scale) for i < count.
-void encode_int8_row(const float* in, std::size_t count, float scale, std::int8_t* out);
+void encode_int8_row(const float* in, std::size_t count, float scale, std::int8_t* out,
+                     simd_path path = active_simd_path());
+
+/// Per-ISA row encoders behind the two above (same contracts); defined in
+/// kv_encode_impl.hpp and explicitly instantiated in engine/arch/<isa>.cpp.
+template <class Arch>
+struct kv_encode_kernels {
+  static void f16_row(const float* in, std::size_t count, f16_bits* out);
+  static void int8_row(const float* in, std::size_t count, float scale, std::int8_t* out);
+};
 
 }  // namespace kvhead::engine

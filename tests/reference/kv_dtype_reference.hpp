@@ -62,7 +62,8 @@ inline std::uint16_t round_to_f16(float x) { return round_to_16_bits(x, f16_valu
 inline std::uint16_t round_to_bf16(float x) { return round_to_16_bits(x, bf16_value, 0x7f80, 0x7fc0); }
 
 /// int8 rule: scale = max|x| / 127 in fp32 (NaN when a value is not
-/// finite), q = x / scale in fp32, rounded to nearest even.
+/// finite), q = x / scale in fp32, rounded to nearest even, within [-127,
+/// 127] (only a subnormal scale, rounded down, puts x / scale past it).
 inline float int8_scale(const float* row, std::size_t count) {
   float largest = 0.0f;
   for (std::size_t i = 0; i < count; ++i) {
@@ -75,6 +76,8 @@ inline float int8_scale(const float* row, std::size_t count) {
 inline int int8_value(float x, float scale) {
   if (!(scale > 0.0f)) return 0;
   const float ratio = x / scale;
+  if (ratio >= 127.0f) return 127;
+  if (ratio <= -127.0f) return -127;
   const float floor = std::floor(ratio), fraction = ratio - floor;
   const int below = int(floor);
   if (fraction != 0.5f) return fraction < 0.5f ? below : below + 1;
