@@ -17,11 +17,19 @@ float int8_scale(const float* row, std::size_t count) {
 }
 
 void encode_f16_row(const float* in, std::size_t count, f16_bits* out, simd_path path) {
-  dispatch(path, [&](auto arch) { kv_encode_kernels<decltype(arch)>::f16_row(in, count, out); });
+  const std::size_t done =
+      dispatch(path, [&](auto arch) { return kv_encode_kernels<decltype(arch)>::f16_vectors(in, count, out); });
+  for (std::size_t i = done; i < count; ++i) out[i] = encode_f16(in[i]);
 }
 
 void encode_int8_row(const float* in, std::size_t count, float scale, std::int8_t* out, simd_path path) {
-  dispatch(path, [&](auto arch) { kv_encode_kernels<decltype(arch)>::int8_row(in, count, scale, out); });
+  if (!(scale > 0.0f)) {  // an all-zero row, or a NaN scale: zeros (encode_int8)
+    std::fill(out, out + count, std::int8_t{0});
+    return;
+  }
+  const std::size_t done =
+      dispatch(path, [&](auto arch) { return kv_encode_kernels<decltype(arch)>::int8_vectors(in, count, scale, out); });
+  for (std::size_t i = done; i < count; ++i) out[i] = encode_int8(in[i], scale);
 }
 
 }  // namespace kvhead::engine

@@ -78,12 +78,14 @@ void encode_f16_row(const float* in, std::size_t count, f16_bits* out, simd_path
 void encode_int8_row(const float* in, std::size_t count, float scale, std::int8_t* out,
                      simd_path path = active_simd_path());
 
-/// Per-ISA row encoders behind the two above (same contracts); defined in
+/// Per-ISA parts of the two above: each encodes the whole vectors of
+/// in[0:count] as they do (int8: for a scale > 0) and returns how many
+/// values that was (a multiple of the vector width); defined in
 /// kv_encode_impl.hpp and explicitly instantiated in engine/arch/<isa>.cpp.
 template <class Arch>
 struct kv_encode_kernels {
-  static void f16_row(const float* in, std::size_t count, f16_bits* out);
-  static void int8_row(const float* in, std::size_t count, float scale, std::int8_t* out);
+  static std::size_t f16_vectors(const float* in, std::size_t count, f16_bits* out);
+  static std::size_t int8_vectors(const float* in, std::size_t count, float scale, std::int8_t* out);
 };
 
 }  // namespace kvhead::engine
