@@ -167,8 +167,8 @@ class user_kv_source final : public kv_chunk_source {
   kv_dtype element() const override { return packed_.element; }
 
   void segments(std::size_t chunk, std::size_t first, std::size_t end, kv_segment* views) const override {
-    assert(first == 0 && end <= 1);  // one segment a chunk
-    if (end == first) return;
+    if (first >= end) return;
+    assert(first == 0 && end == 1);  // one segment a chunk
     const std::size_t key0 = chunk * kv_chunk, width = std::min(kv_chunk, keys_ - key0);
     const std::size_t slot = chunk - packed_.first_chunk;
     const packed_b_view keys{
