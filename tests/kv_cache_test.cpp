@@ -720,9 +720,12 @@ TEST_CASE("kv_cache: a debug build poisons blocks returning to the pool with NaN
     }
     return true;
   };
+  // Three whole blocks, every slot written: a slot never written holds
+  // whatever the pool's memory held (an earlier cache's poison, when other
+  // tests ran before in the same process).
   const sequence_id a = cache.create();
-  cache.append(a, 70);
-  write_tokens(cache, a, 0, 70, 1);
+  cache.append(a, 96);
+  write_tokens(cache, a, 0, 96, 1);
   const std::vector<std::uint32_t> table = table_of(cache, a);
   const sequence_id b = cache.fork(a);
   cache.truncate(a, 40);  // block 2 still held by b
