@@ -195,6 +195,10 @@ TEST_CASE("kv_cache: block layout: groups of blocks, regions side by side, 64-by
               const std::size_t index = (layer * 2 + head) * 2 + (value ? 1 : 0);
               const auto offset = static_cast<std::size_t>(data - pool);
               CHECK(offset == first * block_bytes + (index * in_group + block - first) * region);
+              // The inline form a decode step computes addresses with.
+              CHECK(offset ==
+                    kv_cache_internals::geometry(cache).offset(
+                        block, kvhead::engine::region_geometry::key_region(layer, 2, head) + (value ? 1 : 0)));
               CHECK(reinterpret_cast<std::uintptr_t>(data) % 64 == 0);
               offsets.insert(offset);
             }
