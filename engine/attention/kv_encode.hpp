@@ -7,7 +7,7 @@
 // on the SIMD path they are given (kv_encode_impl.hpp), so a row's bits are
 // the scalar functions' on every path: the scalar loops, which g++ 12
 // vectorizes neither of (f16's selects become branches), made f16 and int8
-// cache writes 2.2-2.3x slower than f32's (Zen 3, cache_write_<dtype>).
+// cache writes 2.0-2.6x slower than f32's (Zen 3, cache_write_<dtype>).
 #pragma once
 
 #include <algorithm>
