@@ -22,13 +22,21 @@ namespace kvhead::engine {
 
 // bf16: encode_bf16 (stored_element.hpp), shared with the bf16 GEMM.
 
+/// The constants of the encoders below, which their vector forms
+/// (kv_encode_impl.hpp) read too.
+namespace kv_encoding {
+inline constexpr float round_magic = 12582912.0f;                 // 1.5 * 2^23 (round_small_to_even)
+inline constexpr std::uint32_t f32_inf = 0x7f800000;              // the bits of +Inf
+inline constexpr std::uint32_t f16_overflow = 0x477ff000;         // 65520: rounds to 2^16, past f16's 65504
+inline constexpr std::uint32_t f16_smallest_normal = 0x38800000;  // 2^-14
+inline constexpr std::uint32_t f16_rebias = (127 - 15) << 23;     // f32's exponent bias minus f16's, in place
+inline constexpr float f16_units = 16777216.0f;                   // 2^24: f16's subnormals in units of 2^-24
+}  // namespace kv_encoding
+
 /// round(y) to nearest even for |y| <= 2^22, in the default rounding mode:
 /// adding 1.5 * 2^23 leaves no fraction bits (std::nearbyint's result
 /// without its libm call).
-inline float round_small_to_even(float y) {
-  constexpr float magic = 12582912.0f;  // 1.5 * 2^23
-  return (y + magic) - magic;
-}
+inline float round_small_to_even(float y) { return (y + kv_encoding::round_magic) - kv_encoding::round_magic; }
 
 /// x rounded to nearest even IEEE binary16 (subnormals kept); NaN stays NaN
 /// (made quiet), +-Inf stays +-Inf, |x| >= 65520 becomes +-Inf.
@@ -36,23 +44,20 @@ inline f16_bits encode_f16(float x) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
   const std::uint32_t sign = (bits >> 16) & 0x8000;
   const std::uint32_t magnitude = bits & 0x7fffffff;
-  constexpr std::uint32_t f32_inf = 0x7f800000;
-  constexpr std::uint32_t overflow = 0x477ff000;         // 65520: rounds to 2^16, past f16's 65504
-  constexpr std::uint32_t smallest_normal = 0x38800000;  // 2^-14
-  constexpr std::uint32_t rebias = (127 - 15) << 23;
+  using namespace kv_encoding;
   // Normal in f16: rebias the exponent, round the 13 dropped mantissa bits
   // to nearest even (a carry moves into the exponent, as it should).
-  const std::uint32_t rebased = magnitude - rebias;  // wraps below smallest_normal: not selected then
+  const std::uint32_t rebased = magnitude - f16_rebias;  // wraps below the smallest normal: not selected then
   const std::uint32_t normal = (rebased + 0xfff + ((rebased >> 13) & 1)) >> 13;
   // Subnormal (or zero) in f16: a multiple of 2^-24. |x| * 2^24 is exact
   // and at most 1024 (f16's smallest normal) once clamped there.
-  const float units = std::bit_cast<float>(std::min(magnitude, smallest_normal)) * 16777216.0f;
+  const float units = std::bit_cast<float>(std::min(magnitude, f16_smallest_normal)) * f16_units;
   const auto subnormal = static_cast<std::uint32_t>(round_small_to_even(units));
   const std::uint32_t nan = 0x7e00 | ((magnitude >> 13) & 0x3ff);
-  const std::uint32_t encoded = magnitude > f32_inf            ? nan
-                                : magnitude >= overflow        ? 0x7c00
-                                : magnitude >= smallest_normal ? normal
-                                                               : subnormal;
+  const std::uint32_t encoded = magnitude > f32_inf                ? nan
+                                : magnitude >= f16_overflow        ? 0x7c00
+                                : magnitude >= f16_smallest_normal ? normal
+                                                                   : subnormal;
   return {static_cast<std::uint16_t>(sign | encoded)};
 }
 

@@ -55,23 +55,23 @@ template <class Arch>
 std::size_t kv_encode_kernels<Arch>::f16_vectors(const float* in, std::size_t count, f16_bits* out) {
   using batch = xsimd::batch<float, Arch>;
   using pattern = xsimd::batch<std::int32_t, Arch>;
-  constexpr std::int32_t f32_inf = 0x7f800000, overflow = 0x477ff000, smallest_normal = 0x38800000;
-  constexpr std::int32_t rebias = (127 - 15) << 23;
-  constexpr float magic = 12582912.0f;  // round_small_to_even's 1.5 * 2^23
+  constexpr float magic = kv_encoding::round_magic;
   auto encode_vector = [](const float* values, std::int32_t* encoded) {
+    // kv_encoding's constants as signed lanes (all below 2^31).
+    const auto lanes = [](std::uint32_t value) { return pattern(static_cast<std::int32_t>(value)); };
     const pattern bits = xsimd::bitwise_cast<pattern>(batch::load_unaligned(values));
     const pattern sign = (bits >> 16) & pattern(0x8000);
     const pattern magnitude = bits & pattern(0x7fffffff);
-    const pattern rebased = magnitude - pattern(rebias);
+    const pattern rebased = magnitude - lanes(kv_encoding::f16_rebias);
     const pattern normal = (rebased + pattern(0xfff) + ((rebased >> 13) & pattern(1))) >> 13;
-    const batch units =
-        xsimd::bitwise_cast<batch>(xsimd::min(magnitude, pattern(smallest_normal))) * batch(16777216.0f);
+    const batch units = xsimd::bitwise_cast<batch>(xsimd::min(magnitude, lanes(kv_encoding::f16_smallest_normal))) *
+                        batch(kv_encoding::f16_units);
     const pattern subnormal = xsimd::to_int((units + batch(magic)) - batch(magic));
     const pattern nan = pattern(0x7e00) | ((magnitude >> 13) & pattern(0x3ff));
-    const pattern value =
-        xsimd::select(magnitude > pattern(f32_inf), nan,
-                      xsimd::select(magnitude >= pattern(overflow), pattern(0x7c00),
-                                    xsimd::select(magnitude >= pattern(smallest_normal), normal, subnormal)));
+    const pattern value = xsimd::select(
+        magnitude > lanes(kv_encoding::f32_inf), nan,
+        xsimd::select(magnitude >= lanes(kv_encoding::f16_overflow), pattern(0x7c00),
+                      xsimd::select(magnitude >= lanes(kv_encoding::f16_smallest_normal), normal, subnormal)));
     (sign | value).store_aligned(encoded);
   };
   // The narrowing loop's element: a plain 16-bit integer, which the compiler vectorizes.
@@ -87,7 +87,7 @@ std::size_t kv_encode_kernels<Arch>::f16_vectors(const float* in, std::size_t co
 template <class Arch>
 std::size_t kv_encode_kernels<Arch>::int8_vectors(const float* in, std::size_t count, float scale, std::int8_t* out) {
   using batch = xsimd::batch<float, Arch>;
-  constexpr float magic = 12582912.0f;  // round_small_to_even's 1.5 * 2^23
+  constexpr float magic = kv_encoding::round_magic;
   auto encode_vector = [scale](const float* values, std::int32_t* encoded) {
     const batch quotient = batch::load_unaligned(values) / batch(scale);
     const batch clamped = xsimd::max(xsimd::min(quotient, batch(127.0f)), batch(-127.0f));
