@@ -88,6 +88,41 @@ void fma_chains_avx2(std::uint64_t loops) {
 #undef KVHEAD_FMA_CHAINS
 #undef KVHEAD_FMA_CLOBBERS
 
+// The avx2 int8 kernels' step, six chains of it: an int16 pair product
+// (vpmaddwd, 16 multiply-adds into a temporary: AVX2 has no integer
+// multiply-add into an accumulator) and its sum (vpaddd).
+void madd_chains_avx2(std::uint64_t loops) {
+  asm volatile(
+      "vpxor %%xmm0, %%xmm0, %%xmm0\n\t"
+      "vmovdqa %%ymm0, %%ymm1\n\t"
+      "vmovdqa %%ymm0, %%ymm2\n\t"
+      "vmovdqa %%ymm0, %%ymm3\n\t"
+      "vmovdqa %%ymm0, %%ymm4\n\t"
+      "vmovdqa %%ymm0, %%ymm5\n\t"
+      "vmovdqa %%ymm0, %%ymm12\n\t"
+      "vmovdqa %%ymm0, %%ymm13\n\t"
+      "1:\n\t"
+      "vpmaddwd %%ymm13, %%ymm12, %%ymm6\n\t"
+      "vpmaddwd %%ymm13, %%ymm12, %%ymm7\n\t"
+      "vpmaddwd %%ymm13, %%ymm12, %%ymm8\n\t"
+      "vpmaddwd %%ymm13, %%ymm12, %%ymm9\n\t"
+      "vpmaddwd %%ymm13, %%ymm12, %%ymm10\n\t"
+      "vpmaddwd %%ymm13, %%ymm12, %%ymm11\n\t"
+      "vpaddd %%ymm6, %%ymm0, %%ymm0\n\t"
+      "vpaddd %%ymm7, %%ymm1, %%ymm1\n\t"
+      "vpaddd %%ymm8, %%ymm2, %%ymm2\n\t"
+      "vpaddd %%ymm9, %%ymm3, %%ymm3\n\t"
+      "vpaddd %%ymm10, %%ymm4, %%ymm4\n\t"
+      "vpaddd %%ymm11, %%ymm5, %%ymm5\n\t"
+      "dec %[loops]\n\t"
+      "jnz 1b\n\t"
+      "vzeroupper"
+      : [loops] "+r"(loops)
+      :
+      : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+        "xmm13");
+}
+
 // Six multiply chains and six add chains: the two kinds issue to separate
 // ports on Zen and to the same two on Intel; 12 chains cover both.
 void fma_chains_sse2(std::uint64_t loops) {
@@ -220,6 +255,8 @@ fma_kernel bf16_kernel_for(engine::bf16_unit unit) {
 
 // 12 vpdpwssd chains, 2 multiply-adds per int16 pair per lane.
 constexpr fma_kernel int8_dot_kernel{dot_chains_avx512vnni, 12 * 16 * 2 * 2};
+// 6 vpmaddwd + vpaddd chains, 2 multiply-adds per int16 pair per lane.
+constexpr fma_kernel avx2_int16_dot_kernel{madd_chains_avx2, 6 * 8 * 2 * 2};
 
 // 1 GiB of floats, touched once, alive for the whole process.
 constexpr std::size_t dram_floats = std::size_t(1) << 28;
@@ -355,7 +392,8 @@ fma_kernel peak_kernel(bound_by limit) {
                  ? bf16_kernel_for(engine::bf16_unit::avx512bf16)
                  : fma_kernel_for(path);
     case bound_by::attention_int8_peak:
-      return engine::gemm_int8_paged_runs(path, kv_dtype::int8) ? int8_dot_kernel : fma_kernel_for(path);
+      if (!engine::gemm_int8_paged_runs(path, kv_dtype::int8)) return fma_kernel_for(path);
+      return path == simd_path::avx2 ? avx2_int16_dot_kernel : int8_dot_kernel;
     default:
       return fma_kernel_for(path);
   }
@@ -374,6 +412,8 @@ double limit_kernels::bf16_flops(engine::bf16_unit unit) {
 double limit_kernels::active_bf16_flops() { return bf16_flops(engine::active_bf16_unit()); }
 
 double limit_kernels::int8_dot_flops() { return run_chains(int8_dot_kernel, fma_loops); }
+
+double limit_kernels::avx2_int16_dot_flops() { return run_chains(avx2_int16_dot_kernel, fma_loops); }
 
 double limit_kernels::attention_int8_flops() {
   return run_chains(peak_kernel(bound_by::attention_int8_peak), fma_loops);

@@ -61,8 +61,11 @@ class limit_kernels {
   double attention_bf16_flops();
   /// One run of 12 vpdpwssd chains (AVX512-VNNI: it must run here): operations done.
   double int8_dot_flops();
+  /// One run of 6 vpmaddwd + vpaddd chains (AVX2: it must run here): operations done.
+  double avx2_int16_dot_flops();
   /// One run of the peak kernel of the int8 cache's products (gemm_int8_paged
-  /// where it runs, else the FMA chains): operations done.
+  /// where it runs: the vpdpwssd or the vpmaddwd + vpaddd chains; else the
+  /// FMA chains): operations done.
   double attention_int8_flops();
   /// One pass over the DRAM buffer, split among the threads, each reading
   /// its slice as `streams` (1 or 2) equal parts in lockstep: bytes read.

@@ -13,17 +13,19 @@
 #
 #   cmake -DOBJECTS="<objects>" -P check_isa_symbols.cmake
 # The bf16 units' kernels (gemm/kernels_amx.cpp, gemm/kernels_avx512bf16.cpp)
-# and the int8 paged kernels (gemm/kernels_avx512vnni.cpp) are local to their TUs: no weak function may appear there at all.
+# and the int8 paged kernels (gemm/kernels_avx512vnni.cpp, gemm/kernels_avx2int8.cpp) are local to their TUs: no weak
+# function may appear there at all.
 set(arch_of_amx "<no weak function: the kernels are local>")
 set(arch_of_avx512bf16 "<no weak function: the kernels are local>")
 set(arch_of_avx512vnni "<no weak function: the kernels are local>")
+set(arch_of_avx2int8 "<no weak function: the kernels are local>")
 set(arch_of_avx512 "xsimd::avx512bw")
 set(arch_of_avx2 "xsimd::fma3<xsimd::avx2>")
 set(arch_of_sse2 "xsimd::sse2")
 set(checked 0)
 set(problems "")
 foreach(object IN LISTS OBJECTS)
-  if(NOT object MATCHES "/(arch/|gemm/kernels_)(amx|avx512bf16|avx512vnni|avx512|avx2|sse2)\\.cpp\\.o$")
+  if(NOT object MATCHES "/(arch/|gemm/kernels_)(amx|avx512bf16|avx512vnni|avx512|avx2int8|avx2|sse2)\\.cpp\\.o$")
     continue()
   endif()
   set(arch "${arch_of_${CMAKE_MATCH_2}}")
@@ -61,8 +63,8 @@ endforeach()
 if(checked EQUAL 0)
   message(FATAL_ERROR "no ISA object (arch/<isa>.cpp.o, gemm/kernels_<isa>.cpp.o) among: ${OBJECTS}")
 endif()
-if(checked LESS 8)
-  message(FATAL_ERROR "only ${checked} of the 8 ISA objects found among: ${OBJECTS}")
+if(checked LESS 9)
+  message(FATAL_ERROR "only ${checked} of the 9 ISA objects found among: ${OBJECTS}")
 endif()
 if(problems)
   message(FATAL_ERROR "weak functions in ISA objects that other objects may also define:${problems}")

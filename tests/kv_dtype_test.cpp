@@ -362,19 +362,28 @@ std::vector<float> attend(const cached_problem& problem, const filled& cache, st
 
 // The int8 paged kernels' quantizations (gemm_int8.hpp) for one query row
 // at `position` (keys [0, position] within the window), k and v the stored
-// values [length, G, d]: q to int8 by s_q = max|q| / 127 moves each
-// score by at most scale s_q / 2 sum_e |k_je| (score); p'_j = r_j sv_j (r_j
+// values [length, G, d]: q to int8 by s_q = max|q| / 127 (int16 where the
+// kernels take no int8 A, int8_scores_quantization: max|q| / 32767, the
+// quantum `q_quantum`) moves each score by at most scale s_q / 2 sum_e
+// |k_je| (score); p'_j = r_j sv_j (r_j
 // = exp(s_j - its 256-key chunk's max), sv_j V's scale) to int16 by s_c =
 // max over the chunk's visible keys of p' / 32767 moves output element e by
 // at most sum_c sum_{j in c} (s_c / 2) |v_je| / sv_j / sum_j r_j, which in
 // normalized probabilities p_j is sum_c max_{j in c} (p_j sv_j) sum_{j in c}
 // |v_je| / sv_j / 65534 (output, times 1.01 for the engine's fp32 p).
+// The quantum of q's quantization for q kᵀ on `path`'s int8 kernels.
+double scores_quantum(simd_path path) {
+  return engine::int8_scores_quantization(path) == engine::a_quantization::int8 ? engine::int8_quantum
+                                                                                : engine::int16_quantum;
+}
+
 struct quantization_error {
   double score;
   std::vector<double> output;  // per element e
 };
 quantization_error int8_products_error(const float* q, const float* k, const float* v, std::size_t kv_heads,
-                                       std::size_t g, std::size_t d, std::size_t position, std::size_t window) {
+                                       std::size_t g, std::size_t d, std::size_t position, std::size_t window,
+                                       double q_quantum) {
   const std::size_t begin = window == 0 || position < window ? 0 : position + 1 - window, end = position + 1;
   const double scale = 1.0 / std::sqrt(double(float(d)));
   double q_max = 0.0;
@@ -389,7 +398,7 @@ quantization_error int8_products_error(const float* q, const float* k, const flo
       key_sum += std::fabs(double(k[(j * kv_heads + g) * d + e]));
       value_max = std::max(value_max, std::fabs(double(v[(j * kv_heads + g) * d + e])));
     }
-    error.score = std::max(error.score, scale * q_max / 254.0 * key_sum);
+    error.score = std::max(error.score, scale * q_max / (2.0 * q_quantum) * key_sum);
     p[j] = scale * dot;
     best = std::max(best, p[j]);
     value_scale[j] = value_max / 127.0;
@@ -461,7 +470,7 @@ TEST_CASE("kv dtype: attention over a bf16, f16 or int8 cache equals a double re
                 const quantization_error int8_error =
                     int8_products
                         ? int8_products_error(query, k.data(), v.data(), s.kv_heads, h / (s.heads / s.kv_heads), d,
-                                              length - s.new_rows + i, s.window)
+                                              length - s.new_rows + i, s.window, scores_quantum(path))
                         : quantization_error{0.0, std::vector<double>(d, 0.0)};
                 const double score_error = (2.0 * double(d) + 10.0) * unit_roundoff * (score + 2.0) + int8_error.score;
                 const double relative = 2.0 * score_error + 4.0 * unit_roundoff * score +
@@ -645,8 +654,9 @@ TEST_CASE("kv dtype: layer output over a bf16, f16 or int8 cache against an f32 
   //                      + sum_{j,e} Wo_c,he^2 p_j^2 Var(dv_je) ],
   //   Var ds_j = scale^2 sum_e q_e^2 Var(dk_je).
   // Over a bf16 cache where the bf16 unit's products run, q and p are rounded
-  // too (over an int8 cache where the int8 kernels run, q quantized to int8
-  // and p' = r sv to int16 per row: Var(dq_e) = (max|q| / 127)^2 / 12 and
+  // too (over an int8 cache where the int8 kernels run, q quantized to int8,
+  // or int16 where they take no int8 A, and p' = r sv to int16 per row:
+  // Var(dq_e) = (max|q| / 127, or / 32767)^2 / 12 and
   // Var(delta_j) = (the chunk's step of p' / p'_j)^2 / 12):
   // dq_e moves every score of the row, ds_j = scale sum_e dq_e k_je, so
   //   Var dy_c += sum_h sum_e Var(dq_e) (scale sum_j p_j k_je (Wo_c,h (v_j - o_h)))^2,
@@ -702,9 +712,10 @@ TEST_CASE("kv dtype: layer output over a bf16, f16 or int8 cache against an f32 
         double query_max = 0.0;
         for (std::size_t e = 0; e < d; ++e) query_max = std::max(query_max, std::fabs(query[e]));
         for (std::size_t e = 0; e < d; ++e)
-          query_variance[e] = bf16_products   ? rounding_variance(kv_dtype::bf16, query[e], 0.0)
-                              : int8_products ? std::pow(query_max / 127.0, 2) / 12.0
-                                              : 0.0;
+          query_variance[e] = bf16_products ? rounding_variance(kv_dtype::bf16, query[e], 0.0)
+                              : int8_products
+                                  ? std::pow(query_max / scores_quantum(kvhead::active_simd_path()), 2) / 12.0
+                                  : 0.0;
         std::fill(chunk_max.begin(), chunk_max.end(), -INFINITY);
         for (std::size_t j = 0; j <= t; ++j)
           chunk_max[j / engine::kv_chunk] = std::max(chunk_max[j / engine::kv_chunk], p[j]);

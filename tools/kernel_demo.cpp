@@ -83,7 +83,11 @@ void print_configuration() {
   std::printf("attention over a bf16 KV cache in f32 precision: %s; int8 caches: the line below\n",
               attention_products(kvhead::precision::f32).c_str());
   // Attention over int8 KV caches (engine/gemm/gemm_int8.hpp).
-  if (engine::gemm_int8_paged_runs(path, kvhead::kv_dtype::int8))
+  if (engine::gemm_int8_paged_runs(path, kvhead::kv_dtype::int8) && path == kvhead::simd_path::avx2)
+    std::printf(
+        "int8 KV cache attention (q k^T, p v): avx2 paged kernels (vpmaddwd + vpaddd: q and p quantized to int16 "
+        "per row; exact int32 sums)\n");
+  else if (engine::gemm_int8_paged_runs(path, kvhead::kv_dtype::int8))
     std::printf(
         "int8 KV cache attention (q k^T, p v): avx512vnni paged kernels (vpdpbusd: q quantized to int8 per row; "
         "vpdpwssd: p to int16 per row; exact int32 sums)\n");
@@ -93,7 +97,7 @@ void print_configuration() {
                 !engine::host_bf16_hardware().int8_kernels_missing.empty()
                     ? engine::host_bf16_hardware().int8_kernels_missing.c_str()
                 : std::getenv("KVHEAD_ISA") != nullptr ? "KVHEAD_ISA names an fp32 path"
-                                                       : "the path's NR is not 32");
+                                                       : "no int8 paged kernels on this path");
 }
 
 // Median seconds of 7 runs of `run` in `arena`.

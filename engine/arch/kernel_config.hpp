@@ -147,11 +147,15 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "Attention tiles of 120 rows (measured on Zen 5, avx512-zen5 above). No paged prefetch, no A in place "
      "beyond one panel: CPUs no row names (the Xeons and Zen 5 measured have theirs above). int8 p v pages "
      "several to a call up to 64 rows, as on Zen 5."},
-    {"avx2-zen3", simd_path::avx2, cpu_class::amd_zen3, 6, 16, 2, 120, 0, 2048, 0, false, 0, 0, true,
+    {"avx2-zen3", simd_path::avx2, cpu_class::amd_zen3, 6, 16, 2, 120, 2048, 2048, 0, false, 0, 32, true,
      "Zen 3 (measured on an EPYC that reports model 0x1 under KVM, 2026-12-06): the tile, blocks and attention "
-     "tiles of avx2 (below). The fp32 GEMM's paged rows (every cache dtype: this path widens bf16, f16 and int8 "
-     "into its fp32 kernels) 2 KiB ahead: against none, 6 alternations of S1_decode_gqa_vs_limit, S1 f32 "
-     "2.09-2.33 -> 1.75-1.94 ms, bf16 1.35-1.48 -> 1.08-1.12, f16 1.34-1.46 -> 1.04-1.09, int8 1.13-1.24 -> "
+     "tiles of avx2 (below). The int8 paged kernels' rows 2 KiB ahead, as the fp32 GEMM's (S1's geometry over "
+     "an int8 cache from DRAM, the best of 1200 steps in one process: 975 -> 910 us; 4 and 8 KiB within the "
+     "noise), their p v pages of 16 rows two to a call (decode_block_sizes_int8, 2 runs: block 16 1.17 -> 1.13 "
+     "of block 256's time; 4 to a call no better). The fp32 GEMM's paged rows (f32, bf16 and f16 caches: this "
+     "path widens bf16 and f16 into its fp32 kernels) 2 KiB ahead: against none, 6 alternations of "
+     "S1_decode_gqa_vs_limit, S1 f32 2.09-2.33 -> 1.75-1.94 ms, bf16 1.35-1.48 -> 1.08-1.12, f16 1.34-1.46 -> "
+     "1.04-1.09, int8 (then widened as well) 1.13-1.24 -> "
      "1.09-1.11, S5 f32 17.9-20.4 -> 15.4-17.7 ms; 1, 3, 8 and 16 KiB no better, a further 4 KiB into L2 "
      "(bf16 1.29-1.34 ms) or the prefetches into L2 only (1.18-1.21) slower. A packed unless it is one panel: "
      "A in place up to 8 B panels, as on Zen 5, was slower here (2 alternations: S4 2.07-2.16 -> 2.19-2.33 ms, "
@@ -162,10 +166,11 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "4-cycle latency x 2 pipes (needs 8); 8 loads per 12 FMAs. B micro-panel 16 KiB, half of L1d. "
      "On Zen 3 an A block of a quarter of L2 measured no faster than half. Attention tiles of 120 "
      "rows: 60, 120 and 240 measured within 2% on S2 and S3 (Zen 3, 512 KiB L2); fewer rows re-read "
-     "each chunk's K and V more often, more spill the scores from L2. No int8 paged kernels (they need NR 32)."},
+     "each chunk's K and V more often, more spill the scores from L2. int8 K/V: the int8 paged kernels of 16 "
+     "columns (vpmaddwd, kernels_avx2int8.cpp)."},
     {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0, false, 0, 0, true,
      "SSE2 (no FMA): 16 xmm: 6 x 8 = 12 accumulators + 2 B + 1 broadcast + 1 product temporary = 16. "
-     "B micro-panel 8 KiB. Attention tiles of 120 rows, as for AVX2. No int8 paged kernels (they need NR 32)."},
+     "B micro-panel 8 KiB. Attention tiles of 120 rows, as for AVX2. No int8 paged kernels (they need AVX2 at least)."},
 };
 
 static_assert([] {

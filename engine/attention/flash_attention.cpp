@@ -36,8 +36,8 @@ std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + d
 //         precision; else the kernel configuration's choice,
 //         bf16_paged_products_chosen);
 //   int8  the int8 paged kernels (gemm_int8_paged: q quantized to int8 per
-//         row, p to int16, exact integer sums), over an int8 KV cache where
-//         they run;
+//         row where the kernels take int8 A, else to int16, p to int16,
+//         exact integer sums), over an int8 KV cache where they run;
 //   fp32  the fp32 kernels over the (rounded or widened) values otherwise.
 // Decided by the problem alone (precision, path, element type, head_dim), so
 // every tile, chunk and row of it, prefill or decode, takes the same one.
@@ -52,8 +52,9 @@ product_kind attention_products(kvhead::precision precision, simd_path path, kv_
 }
 
 // The attention products C = alpha * A * B over a paged B, on the kernels
-// `kind` names. The int8 kernels take q (the scores' A) in int8, whose
-// rounding is of the order of K's own, and p (for p v) in int16: at 8 bits
+// `kind` names. The int8 kernels take q (the scores' A) in int8 where they
+// can (int8_scores_quantization: else int16), whose rounding is of the
+// order of K's own, and p (for p v) in int16: at 8 bits
 // the probabilities below 1/510 of their row's largest would vanish, and
 // thousands of them can carry most of the weight.
 enum class attention_product { scores, values };
@@ -69,7 +70,7 @@ void paged_product(product_kind kind, attention_product product, gemm_shape shap
     }
     case product_kind::int8: {
       const a_quantization quantization =
-          product == attention_product::scores ? a_quantization::int8 : a_quantization::int16;
+          product == attention_product::scores ? int8_scores_quantization(b.path) : a_quantization::int16;
       if (prepared_a == nullptr) return gemm_int8_paged(quantization, shape, alpha, a, b, c, ldc);
       const quantized_rows quantized = quantized_rows_at(quantization, shape.m, shape.k, prepared_a);
       return gemm_int8_paged(quantization, shape, alpha, a, b, c, ldc, &quantized);
@@ -280,7 +281,7 @@ struct tile_scratch {
       case product_kind::bf16:
         return bf16_rows_floats(rows, tile.head_dim);
       case product_kind::int8:
-        return quantized_rows_floats(a_quantization::int8, rows, tile.head_dim);
+        return quantized_rows_floats(int8_scores_quantization(tile.path), rows, tile.head_dim);
       case product_kind::fp32:
         break;
     }
@@ -302,7 +303,7 @@ void prepare_queries(const attention_tile& tile, const kv_chunk_source& source, 
       convert_rows_bf16(queries, rows, tile.head_dim, storage);
       return;
     case product_kind::int8:
-      quantize_rows(a_quantization::int8, queries, rows, tile.head_dim, storage);
+      quantize_rows(tile.path, int8_scores_quantization(tile.path), queries, rows, tile.head_dim, storage);
       return;
     case product_kind::fp32:
       return;

@@ -105,7 +105,7 @@ bf16_rows convert_rows_bf16(gemm_operand a, std::size_t m, std::size_t k, float*
 void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, float alpha, gemm_operand a,
                           const paged_b_view& b, float* c, std::size_t ldc, const bf16_rows* converted) {
   const std::size_t m = shape.m, n = shape.n, k = shape.k, element = static_cast<std::size_t>(b.element);
-  check_paged_product("gemm_bf16_paged", shape, a, b, c, ldc, 2, kernels.by_element[element] != nullptr,
+  check_paged_product("gemm_bf16_paged", shape, a, b, c, ldc, bf16_nr, 2, kernels.by_element[element] != nullptr,
                       "f32, bf16 or f16", kernels.staged[element] != nullptr);
   // amx: products of many rows on the tiles, of few on their FMA form (the
   // same bits), but B packed in the tiles' layout always on the tiles.
@@ -170,9 +170,9 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
     // int8 driver takes them, made blocks 16 and 32 14% slower here (Zen 5,
     // 4 alternations).
     for_each_page_and_panel<float>(
-        b, k, n, m, 1,
+        b, k, n, m, 1, false,
         [&](const void* const* rows_of_panel, std::size_t row0, std::size_t rows, std::size_t col, std::size_t cols,
-            page_carry<float> carry) {
+            page_carry<float> carry, std::size_t) {
           by_rows[m - 1]({a_rows + row0, a_ld, rows_of_panel, b.page, rows, paged_row_stride(b), cols, alpha, c + col,
                           ldc, carry.sums, carry.in, carry.out, prefetch});
         });

@@ -20,11 +20,18 @@
 // or pages, on any CPU that runs the kernels. The sum becomes fp32 by one
 // rounding to nearest even, then C = (alpha * s_i) * sum.
 //
-// Kernels (int8_paged_params) on the avx512 path with AVX512-VNNI and
-// AVX512-VBMI: int16 A by vpdpwssd (32 multiply-adds of int16 pairs per
-// instruction, twice an fp32 FMA's), int8 A by vpdpbusd (64 multiply-adds of
-// byte quads, B's bytes regrouped by vpermt2b); their scalar emulation, exact
-// by construction, tests the driver and the layouts on any CPU.
+// Kernels (int8_paged_params), over panels as wide as their path's NR:
+//   avx512 path with AVX512-VNNI and AVX512-VBMI (32-column panels): int16
+//     A by vpdpwssd (32 multiply-adds of int16 pairs per instruction, twice
+//     an fp32 FMA's), int8 A by vpdpbusd (64 multiply-adds of byte quads,
+//     B's bytes regrouped by vpermt2b);
+//   avx2 path (16-column panels): int16 A by vpmaddwd and vpaddd (16
+//     multiply-adds of int16 pairs per pair of instructions, against 8 per
+//     FMA of the widened int8), no int8 A kernels (AVX2's byte product
+//     vpmaddubsw saturates its int16 sums): q kᵀ takes int16 A there too
+//     (int8_scores_quantization);
+// their scalar emulation, exact by construction, tests the driver and the
+// layouts of either width on any CPU.
 #pragma once
 
 #include <cstddef>
@@ -48,8 +55,8 @@ static_assert(std::uint64_t{gemm_kc} * int16_quantum * 127 <= std::uint64_t{std:
 static_assert(std::uint64_t{gemm_kc} * 255 * int8_quantum <= std::uint64_t{std::numeric_limits<std::int32_t>::max()},
               "the int32 sums of gemm_int8_paged's int8 kernels must be exact up to KC terms");
 
-/// The paged kernel (rows 1..mr of quantized A against one 32-column panel
-/// of int8 B; the layout of bf16_paged_params in bf16_microkernel.hpp):
+/// The paged kernel (rows 1..mr of quantized A against one panel of int8 B,
+/// panel_columns wide; the layout of bf16_paged_params in bf16_microkernel.hpp):
 ///   C[0:rows, 0:cols] := (alpha * a_scales[r]) * float(sum_k a[r][k] b[k][col])
 /// A quantized rows (int16 or int8, as the kernel's table says), a_row_stride
 /// elements apart (a multiple of 2 for int16, of 4 for int8, zero past the
@@ -59,13 +66,18 @@ static_assert(std::uint64_t{gemm_kc} * 255 * int8_quantum <= std::uint64_t{std::
 /// written. The int8 A kernels read a panel's rows 32 bytes apart
 /// (b_row_stride 32; the narrow ones, for a narrow panel of 16 columns, 16
 /// bytes apart) and whole rows, columns past `cols` included; the int16 A
-/// kernels rows 32 or 16 bytes apart (b_row_stride), `cols` columns of each.
+/// kernels rows 32 or 16 bytes apart (b_row_stride), `cols` columns of each
+/// (AVX512-VNNI) or whole 16-byte rows (AVX2: b_row_stride 16).
 /// carry (int16 A only, null otherwise): the int32 sums of a product whose
 /// pages run over several calls, in the kernel's own layout: with carry_in the sums start from it instead of 0; with
 /// carry_out they are left in it and C is not written. Integer sums are
 /// exact, so the bits are those of one call over all the pages. A tile's
-/// carry is rows x 32 int32. prefetch: how far ahead each step prefetches
-/// its rows' bytes (paged_stream_prefetch, kernel_config.hpp).
+/// carry is rows x panel_columns int32. prefetch: how far ahead each step prefetches
+/// its rows' bytes (paged_stream_prefetch, kernel_config.hpp). panels (only
+/// where int8_paged_kernels::page_panels, else 1): the call computes that
+/// many panels, each page's panel j at b_pages[i] + j * panel_stride bytes,
+/// its C columns from c + j * panel_columns, its carry tile from carry + j *
+/// rows * panel_columns; all but the last whole, `cols` the last one's width.
 struct int8_paged_params {
   const void* a;
   std::size_t a_row_stride;
@@ -79,6 +91,7 @@ struct int8_paged_params {
   std::int32_t* carry = nullptr;
   bool carry_in = false, carry_out = false;
   stream_prefetch prefetch{};
+  std::size_t panels = 1, panel_stride = 0;
 };
 using int8_paged_function = void (*)(const int8_paged_params&);
 
@@ -92,16 +105,31 @@ using int8_quantize_rows_function = void (*)(const float* from, std::size_t from
 
 struct int8_paged_kernels {
   std::size_t mr;
+  std::size_t panel_columns;                         // the width of the panels read: the path's NR
   const int8_paged_function* int16_a_by_rows;        // [rows - 1]
-  const int8_paged_function* int8_a_by_rows;         // [rows - 1]
-  const int8_paged_function* int8_a_narrow_by_rows;  // [rows - 1], 16-byte rows (narrow pages)
+  const int8_paged_function* int8_a_by_rows;         // [rows - 1]; null: no int8 A kernels
+  const int8_paged_function* int8_a_narrow_by_rows;  // [rows - 1], 16-byte rows (narrow pages); null as int8_a_by_rows
+  bool page_panels;                                  // the int16 A kernels take several panels a call
   int16_quantize_rows_function quantize_rows_int16;
   int8_quantize_rows_function quantize_rows_int8;
 };
 
-/// The hardware kernels (kernels_avx512vnni.cpp) and their scalar emulation.
+/// The hardware kernels (kernels_avx512vnni.cpp: 32-column panels;
+/// kernels_avx2int8.cpp: 16-column panels, int16 A only) and their scalar
+/// emulation over panels `panel_columns` wide (32 or 16), with int8 A
+/// kernels at either width.
 const int8_paged_kernels& avx512vnni_int8_paged_kernels();
-const int8_paged_kernels& emulated_int8_paged_kernels();
+const int8_paged_kernels& avx2_int8_paged_kernels();
+const int8_paged_kernels& emulated_int8_paged_kernels(std::size_t panel_columns = 32);
+
+/// The hardware kernels that run here over B packed for `path`, or null
+/// (gemm_int8_paged_runs below).
+const int8_paged_kernels* int8_paged_kernels_for(simd_path path);
+
+/// How attention's q kᵀ quantizes the queries on `path` (where
+/// gemm_int8_paged_runs): int8 where the kernels have int8 A kernels, int16
+/// otherwise.
+a_quantization int8_scores_quantization(simd_path path);
 
 /// A's m rows of depth k quantized as `quantization` says (above), in the
 /// layout the kernels read: the rows' scales, (int8) their sums, then the
@@ -118,15 +146,18 @@ struct quantized_rows {
 };
 std::size_t quantized_rows_floats(a_quantization quantization, std::size_t m, std::size_t k);
 quantized_rows quantized_rows_at(a_quantization quantization, std::size_t m, std::size_t k, const float* storage);
-/// By the given kernels (gemm_int8_paged_with's), or the hardware's (gemm_int8_paged's).
+/// By the given kernels (gemm_int8_paged_with's), or the hardware's for
+/// `path` (gemm_int8_paged's; where gemm_int8_paged_runs).
 quantized_rows quantize_rows_with(const int8_paged_kernels& kernels, a_quantization quantization, gemm_operand a,
                                   std::size_t m, std::size_t k, float* storage);
-quantized_rows quantize_rows(a_quantization quantization, gemm_operand a, std::size_t m, std::size_t k, float* storage);
+quantized_rows quantize_rows(simd_path path, a_quantization quantization, gemm_operand a, std::size_t m, std::size_t k,
+                             float* storage);
 
 /// C = alpha * quantized(A) * B (above, A's rows quantized as `quantization`
 /// says) for A m x k (not transposed) and B a paged_b_view of int8 elements
-/// on a path whose NR is 32, pages at most KC deep, each page along k an
-/// even number of rows (int16 A) or a multiple of 4 (int8 A), narrow pages
+/// on a path whose NR is the kernels' panel width, pages at most KC deep,
+/// each page along k an even number of rows (int16 A) or a multiple of 4
+/// (int8 A, where the kernels have it), narrow pages
 /// (paged_b_view::narrow_row_stride) of row stride 16 for either A. Runs on the
 /// calling thread. `quantized`, when not null: A's rows as quantize_rows made
 /// them from this A (the same quantization, m and k), read instead of
@@ -148,9 +179,10 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
                           const quantized_rows* quantized = nullptr);
 
 /// Whether gemm_int8_paged runs here over B packed for `path` with elements
-/// `element`: CPUID reports AVX512-VNNI and AVX512-VBMI, KVHEAD_ISA does not
-/// name avx512 or a lower path (its levels amx and avx512bf16 sit above
-/// avx512), the path's NR is 32 and element is int8.
+/// `element`: element is int8 and either path is avx512, CPUID reports
+/// AVX512-VNNI and AVX512-VBMI and KVHEAD_ISA does not name avx512 or a
+/// lower path (its levels amx and avx512bf16 sit above avx512), or path is
+/// avx2 (which runs only where the CPU has AVX2).
 bool gemm_int8_paged_runs(simd_path path, kv_dtype element);
 
 }  // namespace kvhead::engine

@@ -2,12 +2,12 @@
 // the driver of the int8 paged kernels and their scalar emulation.
 //
 //   A's rows to int16 or int8 rows and scales (once per call, or given by
-//   the caller: quantize_rows) -> for each 32-column panel of B
-//   (for_each_paged_panel) -> for each MR-row block of A -> kernel over the
+//   the caller: quantize_rows) -> for each panel of B (NR columns:
+//   for_each_paged_panel) -> for each MR-row block of A -> kernel over the
 //   panel's rows in all pages (int16 A in a single row block over row
 //   pages: the pages outermost, one call per page and panel)
 //
-// One B panel (at most KC rows of 32 bytes) is read by every row block in
+// One B panel (at most KC rows of NR bytes) is read by every row block in
 // turn while it is in L1; A's quantized rows stay in L1/L2.
 #include <algorithm>
 #include <array>
@@ -17,6 +17,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/arch/bf16_support.hpp"
 #include "engine/arch/scratch.hpp"
@@ -25,8 +26,6 @@
 
 namespace kvhead::engine {
 namespace {
-
-static_assert(paged_panel_columns == 32, "the int8 A kernels read a panel's rows 32 bytes apart, 4 in 128 bytes");
 
 // The emulation's blocking: 12 rows, as the hardware kernels' (the sums are
 // exact, so any blocking gives the same bits).
@@ -73,31 +72,49 @@ void emulated_quantize_rows_int8(const float* from, std::size_t from_ld, std::si
   emulated_quantize(from, from_ld, rows, cols, to, to_ld, scales, sums, int8_quantum);
 }
 
-template <class Integer, std::size_t Rows>
+template <class Integer, std::size_t PanelColumns, std::size_t Rows>
 void emulated_paged(const int8_paged_params& params) {
   const auto* a = static_cast<const Integer*>(params.a);
-  for (std::size_t row = 0; row < Rows; ++row)
-    for (std::size_t col = 0; col < params.cols; ++col) {
-      std::int32_t sum = params.carry_in ? params.carry[row * 32 + col] : 0;  // the carry in column order
-      for (std::size_t k = 0; k < params.depth; ++k) {
-        const auto* page = static_cast<const std::int8_t*>(params.b_pages[k / params.page_rows]);
-        sum += std::int32_t{a[row * params.a_row_stride + k]} *
-               std::int32_t{page[k % params.page_rows * params.b_row_stride + col]};
+  for (std::size_t panel = 0; panel < params.panels; ++panel) {
+    const std::size_t cols = panel + 1 < params.panels ? PanelColumns : params.cols;
+    std::int32_t* const carry = params.carry + panel * Rows * PanelColumns;  // in column order
+    for (std::size_t row = 0; row < Rows; ++row)
+      for (std::size_t col = 0; col < cols; ++col) {
+        std::int32_t sum = params.carry_in ? carry[row * PanelColumns + col] : 0;
+        for (std::size_t k = 0; k < params.depth; ++k) {
+          const auto* page =
+              static_cast<const std::int8_t*>(params.b_pages[k / params.page_rows]) + panel * params.panel_stride;
+          sum += std::int32_t{a[row * params.a_row_stride + k]} *
+                 std::int32_t{page[k % params.page_rows * params.b_row_stride + col]};
+        }
+        if (params.carry_out)
+          carry[row * PanelColumns + col] = sum;
+        else
+          params.c[row * params.ldc + panel * PanelColumns + col] = params.alpha * params.a_scales[row] * float(sum);
       }
-      if (params.carry_out)
-        params.carry[row * 32 + col] = sum;
-      else
-        params.c[row * params.ldc + col] = params.alpha * params.a_scales[row] * float(sum);
-    }
+  }
 }
 
-template <class Integer, std::size_t... Index>
+template <class Integer, std::size_t PanelColumns, std::size_t... Index>
 constexpr std::array<int8_paged_function, sizeof...(Index)> paged_table(std::index_sequence<Index...>) {
-  return {&emulated_paged<Integer, Index + 1>...};
+  return {&emulated_paged<Integer, PanelColumns, Index + 1>...};
 }
 
-constexpr auto emulated_int16_a = paged_table<std::int16_t>(std::make_index_sequence<int8_mr>{});
-constexpr auto emulated_int8_a = paged_table<std::int8_t>(std::make_index_sequence<int8_mr>{});
+// The emulation over panels PanelColumns wide: int16 A and int8 A (any row stride).
+template <std::size_t PanelColumns>
+const int8_paged_kernels& emulated_kernels() {
+  static constexpr auto int16_a = paged_table<std::int16_t, PanelColumns>(std::make_index_sequence<int8_mr>{});
+  static constexpr auto int8_a = paged_table<std::int8_t, PanelColumns>(std::make_index_sequence<int8_mr>{});
+  static const int8_paged_kernels table{int8_mr,
+                                        PanelColumns,
+                                        int16_a.data(),
+                                        int8_a.data(),
+                                        int8_a.data(),
+                                        true,
+                                        emulated_quantize_rows_int16,
+                                        emulated_quantize_rows_int8};
+  return table;
+}
 
 // KVHEAD_ISA's levels amx and avx512bf16 sit above avx512: naming avx512 or
 // a lower path leaves these kernels out too (read once, as the path is).
@@ -108,19 +125,39 @@ bool isa_allows_int8_kernels() {
 
 }  // namespace
 
-const int8_paged_kernels& emulated_int8_paged_kernels() {
-  static const int8_paged_kernels table{int8_mr,
-                                        emulated_int16_a.data(),
-                                        emulated_int8_a.data(),
-                                        emulated_int8_a.data(),  // any row stride
-                                        emulated_quantize_rows_int16,
-                                        emulated_quantize_rows_int8};
-  return table;
+const int8_paged_kernels& emulated_int8_paged_kernels(std::size_t panel_columns) {
+  engine::require(panel_columns == 16 || panel_columns == 32, [&] {
+    return "emulated_int8_paged_kernels: panels of 16 or 32 columns, not " + std::to_string(panel_columns);
+  });
+  return panel_columns == 16 ? emulated_kernels<16>() : emulated_kernels<32>();
+}
+
+const int8_paged_kernels* int8_paged_kernels_for(simd_path path) {
+  switch (path) {
+    case simd_path::avx512:
+      return isa_allows_int8_kernels() && host_bf16_hardware().int8_kernels_missing.empty()
+                 ? &avx512vnni_int8_paged_kernels()
+                 : nullptr;
+    case simd_path::avx2: {
+      static const bool runs = [] {
+        const std::vector<simd_path> paths = supported_simd_paths();
+        return std::find(paths.begin(), paths.end(), simd_path::avx2) != paths.end();
+      }();
+      return runs ? &avx2_int8_paged_kernels() : nullptr;
+    }
+    default:
+      return nullptr;
+  }
 }
 
 bool gemm_int8_paged_runs(simd_path path, kv_dtype element) {
-  return isa_allows_int8_kernels() && host_bf16_hardware().int8_kernels_missing.empty() &&
-         gemm_config_for(path).nr == paged_panel_columns && element == kv_dtype::int8;
+  const int8_paged_kernels* const kernels = int8_paged_kernels_for(path);
+  return kernels != nullptr && kernels->panel_columns == gemm_config_for(path).nr && element == kv_dtype::int8;
+}
+
+a_quantization int8_scores_quantization(simd_path path) {
+  const int8_paged_kernels* const kernels = int8_paged_kernels_for(path);
+  return kernels != nullptr && kernels->int8_a_by_rows != nullptr ? a_quantization::int8 : a_quantization::int16;
 }
 
 namespace {
@@ -147,6 +184,8 @@ quantized_rows quantized_rows_at(a_quantization quantization, std::size_t m, std
 
 quantized_rows quantize_rows_with(const int8_paged_kernels& kernels, a_quantization quantization, gemm_operand a,
                                   std::size_t m, std::size_t k, float* storage) {
+  engine::require(quantization == a_quantization::int16 || kernels.quantize_rows_int8 != nullptr,
+                  [] { return "quantize_rows: these kernels take A in int16 only (no int8 A kernels)"; });
   const std::size_t ld = quantized_ld(quantization, k);
   if (quantization == a_quantization::int8)
     kernels.quantize_rows_int8(a.data, a.ld, m, k, reinterpret_cast<std::int8_t*>(storage + 2 * m), ld, storage,
@@ -156,9 +195,12 @@ quantized_rows quantize_rows_with(const int8_paged_kernels& kernels, a_quantizat
   return quantized_rows_at(quantization, m, k, storage);
 }
 
-quantized_rows quantize_rows(a_quantization quantization, gemm_operand a, std::size_t m, std::size_t k,
+quantized_rows quantize_rows(simd_path path, a_quantization quantization, gemm_operand a, std::size_t m, std::size_t k,
                              float* storage) {
-  return quantize_rows_with(avx512vnni_int8_paged_kernels(), quantization, a, m, k, storage);
+  engine::require(gemm_int8_paged_runs(path, kv_dtype::int8), [&] {
+    return std::string("quantize_rows: no int8 paged kernels run here for the path ") + to_string(path);
+  });
+  return quantize_rows_with(*int8_paged_kernels_for(path), quantization, a, m, k, storage);
 }
 
 void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quantization, gemm_shape shape, float alpha,
@@ -168,9 +210,11 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
   const bool int8_a = quantization == a_quantization::int8;
   constexpr std::size_t narrow_row_bytes = 16;  // the kernels' narrow panels
   check_paged_product(
-      "gemm_int8_paged", shape, a, b, c, ldc, int8_a ? 4 : 2,
+      "gemm_int8_paged", shape, a, b, c, ldc, kernels.panel_columns, int8_a ? 4 : 2,
       b.element == kv_dtype::int8 && (b.narrow_row_stride == 0 || b.narrow_row_stride == narrow_row_bytes),
       "int8 (narrow pages of row stride 16)");
+  engine::require(!int8_a || kernels.int8_a_by_rows != nullptr,
+                  [] { return "gemm_int8_paged: these kernels take A in int16 only (no int8 A kernels)"; });
   engine::require(
       quantized == nullptr || (quantized->quantization == quantization && quantized->m == m && quantized->k == k), [&] {
         return "gemm_int8_paged: the quantized rows given (" + std::to_string(quantized->m) + " x " +
@@ -204,13 +248,14 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
     // the configuration says, pages of fewer than pv_rows_per_call rows go
     // several to a call, each panel's rows of all of them: fewer calls and
     // carries, the same integer sums (kernel_config_row::int8_pv_rows_per_call).
+    const std::size_t row_stride = paged_row_stride(b), panel_stride = paged_panel_stride(b);
     for_each_page_and_panel<std::int32_t>(
-        b, k, n, m, pv_rows_per_call / b.page,
+        b, k, n, m, pv_rows_per_call / b.page, kernels.page_panels,
         [&](const void* const* rows_of_panel, std::size_t row0, std::size_t rows, std::size_t col, std::size_t cols,
-            page_carry<std::int32_t> carry) {
+            page_carry<std::int32_t> carry, std::size_t panels) {
           by_rows[m - 1]({static_cast<const std::int16_t*>(a_rows) + row0, a_ld, a_scales, a_sums, rows_of_panel,
-                          b.page, rows, paged_row_stride(b), cols, alpha, c + col, ldc, carry.sums, carry.in, carry.out,
-                          prefetch});
+                          b.page, rows, row_stride, cols, alpha, c + col, ldc, carry.sums, carry.in, carry.out,
+                          prefetch, panels, panel_stride});
         });
     return;
   }
@@ -229,12 +274,13 @@ void gemm_int8_paged_with(const int8_paged_kernels& kernels, a_quantization quan
 void gemm_int8_paged(a_quantization quantization, gemm_shape shape, float alpha, gemm_operand a, const paged_b_view& b,
                      float* c, std::size_t ldc, const quantized_rows* quantized) {
   engine::require(gemm_int8_paged_runs(b.path, b.element), [&] {
-    return std::string("gemm_int8_paged: needs AVX512-VNNI and AVX512-VBMI (") +
+    return std::string(
+               "gemm_int8_paged: needs int8 B and either the avx2 path or the avx512 path with AVX512-VNNI "
+               "and AVX512-VBMI (") +
            (host_bf16_hardware().int8_kernels_missing.empty() ? "present" : host_bf16_hardware().int8_kernels_missing) +
-           "), KVHEAD_ISA not naming avx512 or a lower path, NR 32 (the path's: " +
-           std::to_string(gemm_config_for(b.path).nr) + ") and int8 B";
+           ") and KVHEAD_ISA not naming avx512 or a lower path; the path is " + to_string(b.path);
   });
-  gemm_int8_paged_with(avx512vnni_int8_paged_kernels(), quantization, shape, alpha, a, b, c, ldc,
+  gemm_int8_paged_with(*int8_paged_kernels_for(b.path), quantization, shape, alpha, a, b, c, ldc,
                        int8_pv_rows_configured, quantized);
 }
 

@@ -284,9 +284,11 @@ void quantize_rows_int8(const float* from, std::size_t from_ld, std::size_t rows
 
 const int8_paged_kernels& avx512vnni_int8_paged_kernels() {
   static const int8_paged_kernels table{vnni_mr,
+                                        32,  // two zmm of 16 lanes
                                         int16_a_kernels.data(),
                                         int8_a_kernels.data(),
                                         int8_a_narrow_kernels.data(),
+                                        false,
                                         quantize_rows_int16,
                                         quantize_rows_int8};
   return table;

@@ -31,8 +31,12 @@
 // each row of the probabilities times V's scales to int16 (max |x| / 32767:
 // 2^-16; at 8 bits the many small probabilities of a long context would
 // vanish), and the products with the stored int8 are summed exactly in
-// int32, then scaled in fp32. Elsewhere, and for f16, fp32 arithmetic over
-// the widened values.
+// int32, then scaled in fp32. On the avx2 path (AVX2 CPUs without
+// AVX-512, or KVHEAD_ISA=avx2) both run on vpmaddwd, q quantized to int16
+// as well (2^-16 of its row's largest element: AVX2 has no exact int8
+// product), with the same exact int32 sums. Elsewhere (the sse2 path, and
+// avx512 without AVX512-VNNI), and for f16, fp32 arithmetic over the
+// widened values.
 //   f32   4 bytes per element, stored as given.
 //   bf16  2 bytes: fp32 rounded to nearest even (8 bits of mantissa). NaN stays
 //         NaN (quiet), +-Inf stays +-Inf; finite values too large round to
@@ -53,8 +57,9 @@
 // head_dim 128, tests/kv_dtype_test.cpp, which derives a bound from each
 // dtype's rounding): bf16 <= 1e-2, f16 <= 2e-3, int8 <= 3e-2; measured on a
 // random layer at past 1024-1039: bf16 1.1e-3 on the fp32 kernels, 2.6e-3 on
-// vdpbf16ps (Zen 4), f16 1.5e-4, int8 4.2e-3 on the fp32 kernels and 9.1e-3
-// on the int8 products (q's int8 rounding adds to K's).
+// vdpbf16ps (Zen 4), f16 1.5e-4, int8 4.2e-3 on the fp32 kernels and on
+// avx2's int16 products, 9.1e-3 on the AVX512-VNNI products (q's int8
+// rounding adds to K's).
 // Results stay bit-identical across thread counts, chunking of the tokens,
 // batching and block sizes for each dtype and SIMD path.
 //
