@@ -24,8 +24,6 @@
 
 namespace kvhead::engine {
 
-static_assert(paged_panel_columns == bf16_nr);
-
 bool gemm_bf16_paged_runs(simd_path path, kv_dtype element) {
   return active_bf16_unit() != bf16_unit::fp32_fallback && bf16_unit_runs_here(bf16_unit::avx512bf16) &&
          gemm_config_for(path).nr == bf16_nr && element != kv_dtype::int8;

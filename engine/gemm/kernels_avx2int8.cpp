@@ -37,7 +37,7 @@ namespace {
 // 6 rows: 12 accumulators, 2 pair vectors, A's broadcast pair and one
 // product: the 16 ymm.
 constexpr std::size_t avx2_int8_mr = 6;
-constexpr std::size_t panel_bytes = 16;  // a panel's row: 16 int8 columns
+constexpr std::size_t panel_columns = 16;  // the avx2 path's NR: a panel's row is 16 bytes of int8
 
 // The step's rows prefetched as far ahead as the configuration says (a hint).
 [[gnu::always_inline]] inline void prefetch_rows(const std::int8_t* rows, stream_prefetch distance) {
@@ -81,11 +81,11 @@ void int16_a_panel(const int8_paged_params& params, std::size_t offset, std::siz
     const std::size_t rows = std::min(params.page_rows, params.depth - row0);
     std::size_t k = 0;
     for (; k + 1 < rows; k += 2) {
-      prefetch_rows(b + k * panel_bytes, params.prefetch);
-      step(load_row(b + k * panel_bytes), load_row(b + (k + 1) * panel_bytes), a_rows + row0 + k);
+      prefetch_rows(b + k * panel_columns, params.prefetch);
+      step(load_row(b + k * panel_columns), load_row(b + (k + 1) * panel_columns), a_rows + row0 + k);
     }
     if (k < rows)  // the last row: its pair's odd row is zero
-      step(load_row(b + k * panel_bytes), _mm_setzero_si128(), a_rows + row0 + k);
+      step(load_row(b + k * panel_columns), _mm_setzero_si128(), a_rows + row0 + k);
   }
   if (params.carry_out) {  // the accumulators in column order
 #pragma GCC unroll 8
@@ -115,8 +115,8 @@ template <std::size_t Rows>
 void int16_a_kernel(const int8_paged_params& params) {
   static_assert(Rows <= avx2_int8_mr);
   for (std::size_t panel = 0; panel < params.panels; ++panel)
-    int16_a_panel<Rows>(params, panel * params.panel_stride, panel + 1 < params.panels ? panel_bytes : params.cols,
-                        params.c + panel * panel_bytes, params.carry + panel * Rows * panel_bytes);
+    int16_a_panel<Rows>(params, panel * params.panel_stride, panel + 1 < params.panels ? panel_columns : params.cols,
+                        params.c + panel * panel_columns, params.carry + panel * Rows * panel_columns);
 }
 
 template <std::size_t... Index>
@@ -181,8 +181,8 @@ void quantize_rows_int16(const float* from, std::size_t from_ld, std::size_t row
 }  // namespace
 
 const int8_paged_kernels& avx2_int8_paged_kernels() {
-  static const int8_paged_kernels table{avx2_int8_mr, panel_bytes, int16_a_kernels.data(), nullptr,
-                                        nullptr,      true,        quantize_rows_int16,    nullptr};
+  static const int8_paged_kernels table{avx2_int8_mr, panel_columns, int16_a_kernels.data(), nullptr,
+                                        nullptr,      true,          quantize_rows_int16,    nullptr};
   return table;
 }
 

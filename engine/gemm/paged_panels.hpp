@@ -20,10 +20,6 @@
 
 namespace kvhead::engine {
 
-/// The width of the bf16 paged kernels' and the AVX512-VNNI kernels'
-/// panels: two zmm of 16 lanes.
-inline constexpr std::size_t paged_panel_columns = 32;
-
 /// The width of b's panels: its path's NR.
 inline std::size_t paged_panel_width(const paged_b_view& b) { return gemm_config_for(b.path).nr; }
 
