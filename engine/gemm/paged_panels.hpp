@@ -74,22 +74,25 @@ inline std::size_t paged_row_stride(const paged_b_view& b) {
   return b.narrow_row_stride != 0 ? b.narrow_row_stride : paged_panel_width(b);
 }
 
+/// Bytes each column of a page of b takes in its panels (the rows layout):
+/// the page's rows along k, at most KC, of one element.
+inline std::size_t paged_column_bytes(const paged_b_view& b) {
+  return std::min(gemm_kc, b.along_k ? b.page : b.k) * element_bytes(b.element);
+}
+
 /// Row 0 of the panel from column `col` (a multiple of the panel width) of
 /// page `page` of `b` (along k: of b.page rows x b.n; else of b.k x b.page,
 /// col within the page), in b's packed_b layout (one panel per narrow page:
 /// col 0).
 inline const void* paged_panel(const paged_b_view& b, std::size_t page, std::size_t col) {
-  const std::size_t page_k = b.along_k ? b.page : b.k;
   if (b.layout == panel_layout::tile_pairs)
-    return static_cast<const bf16_bits*>(b.pages[page]) + tile_pairs_offset(page_k, 0, col);
-  return static_cast<const std::byte*>(b.pages[page]) + col * std::min(gemm_kc, page_k) * element_bytes(b.element);
+    return static_cast<const bf16_bits*>(b.pages[page]) + tile_pairs_offset(b.along_k ? b.page : b.k, 0, col);
+  return static_cast<const std::byte*>(b.pages[page]) + col * paged_column_bytes(b);
 }
 
 /// Bytes from a panel of one of b's pages to the next panel of that page
 /// (the rows layout).
-inline std::size_t paged_panel_stride(const paged_b_view& b) {
-  return paged_panel_width(b) * std::min(gemm_kc, b.along_k ? b.page : b.k) * element_bytes(b.element);
-}
+inline std::size_t paged_panel_stride(const paged_b_view& b) { return paged_panel_width(b) * paged_column_bytes(b); }
 
 /// Where a tile's sums wait between the calls of for_each_page_and_panel:
 /// `sums` (the kernel's tile, in its own layout), with `in` the sums go on
