@@ -18,6 +18,11 @@ using avx512_arch = xsimd::avx512bw;
 using avx2_arch = xsimd::fma3<xsimd::avx2>;
 using sse2_arch = xsimd::sse2;
 
+/// Whether `path` runs on this CPU and OS (its instructions in CPUID, its
+/// register state saved per XCR0): the test behind supported_simd_paths(),
+/// KVHEAD_ISA aside (isa.cpp).
+bool simd_path_runs_here(simd_path path);
+
 template <class Function>
 decltype(auto) dispatch(simd_path path, Function&& function) {
   switch (path) {

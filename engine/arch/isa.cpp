@@ -151,6 +151,8 @@ simd_path choose_path() {
 
 namespace engine {
 
+bool simd_path_runs_here(simd_path path) { return path_runs_here(path); }
+
 const bf16_hardware& host_bf16_hardware() {
   static const bf16_hardware hardware = detect_bf16_hardware();
   return hardware;

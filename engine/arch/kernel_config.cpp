@@ -6,7 +6,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <vector>
+
+#include "engine/arch/dispatch.hpp"
 
 namespace kvhead::engine {
 namespace {
@@ -129,8 +130,7 @@ const kernel_config_row* forced_kernel_config() {
   const std::string_view name(forced);
   for (const kernel_config_row& row : kernel_config_rows) {
     if (name != row.name) continue;
-    const std::vector<simd_path> paths = supported_simd_paths();
-    if (std::find(paths.begin(), paths.end(), row.path) == paths.end())
+    if (!simd_path_runs_here(row.path))
       throw std::runtime_error("KVHEAD_CONFIG=" + std::string(name) + ": its SIMD path " + to_string(row.path) +
                                " does not run on this CPU (or its OS)");
     return &row;

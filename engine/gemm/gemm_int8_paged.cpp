@@ -17,9 +17,9 @@
 #include <limits>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "engine/arch/bf16_support.hpp"
+#include "engine/arch/dispatch.hpp"
 #include "engine/arch/scratch.hpp"
 #include "engine/gemm/gemm_int8.hpp"
 #include "engine/gemm/paged_panels.hpp"
@@ -139,10 +139,7 @@ const int8_paged_kernels* int8_paged_kernels_for(simd_path path) {
                  ? &avx512vnni_int8_paged_kernels()
                  : nullptr;
     case simd_path::avx2: {
-      static const bool runs = [] {
-        const std::vector<simd_path> paths = supported_simd_paths();
-        return std::find(paths.begin(), paths.end(), simd_path::avx2) != paths.end();
-      }();
+      static const bool runs = simd_path_runs_here(simd_path::avx2);  // CPUID is slow under a hypervisor: once
       return runs ? &avx2_int8_paged_kernels() : nullptr;
     }
     default:
