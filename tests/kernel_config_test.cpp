@@ -164,7 +164,9 @@ TEST_CASE("cache blocks follow the caches: A block within its share of L2, B blo
   CHECK(resolve_kernel_config(kernel_config_row_for(simd_path::avx512, silent), silent).b_sweep_panels == 4);
 }
 
-TEST_CASE("paged prefetch: the L2 lead only under a single row block over compressed K/V, beyond the L1 distance") {
+TEST_CASE(
+    "paged prefetch: the L2 lead only under a single row block over compressed K/V, beyond the L1 distance, the bf16 "
+    "kernels none under one where the row says so") {
   using kvhead::kv_dtype;
   for (const kernel_config_row& row : kernel_config_rows) {
     CAPTURE(row.name);
@@ -175,6 +177,13 @@ TEST_CASE("paged prefetch: the L2 lead only under a single row block over compre
           CHECK(ahead.l1_bytes == l1);
           const bool lead = single_row_block && element != kv_dtype::f32 && l1 != 0 && row.paged_l2_lead_bytes != 0;
           CHECK(ahead.l2_bytes == (lead ? l1 + row.paged_l2_lead_bytes : 0));
+          const stream_prefetch bf16_ahead = bf16_paged_stream_prefetch(row, single_row_block, element);
+          const bool bf16_prefetches = !single_row_block || row.bf16_single_row_block_prefetch;
+          const stream_prefetch bf16_expected =
+              bf16_prefetches ? paged_stream_prefetch(row, row.paged_prefetch_bytes, single_row_block, element)
+                              : stream_prefetch{};
+          CHECK(bf16_ahead.l1_bytes == bf16_expected.l1_bytes);
+          CHECK(bf16_ahead.l2_bytes == bf16_expected.l2_bytes);
         }
   }
   // The Xeon row: bf16 K/V in the fp32 GEMM 3 KiB ahead into L1 and 7 KiB into L2; f32 K/V and S4's
@@ -184,6 +193,12 @@ TEST_CASE("paged prefetch: the L2 lead only under a single row block over compre
         7168);
   CHECK(paged_stream_prefetch(xeon_row, xeon_row.fp32_paged_prefetch_bytes, true, kvhead::kv_dtype::f32).l2_bytes == 0);
   CHECK(paged_stream_prefetch(xeon_row, xeon_row.paged_prefetch_bytes, false, kvhead::kv_dtype::int8).l2_bytes == 0);
+  // The Zen 4 row: the bf16 kernels 8 KiB ahead under several row blocks (S4), nothing under one (S1, S5);
+  // the int8 kernels 8 KiB ahead under either.
+  const kernel_config_row& zen4_row = kernel_config_row_for(simd_path::avx512, zen4);
+  CHECK(bf16_paged_stream_prefetch(zen4_row, false, kvhead::kv_dtype::bf16).l1_bytes == 8192);
+  CHECK(bf16_paged_stream_prefetch(zen4_row, true, kvhead::kv_dtype::bf16).l1_bytes == 0);
+  CHECK(paged_stream_prefetch(zen4_row, zen4_row.paged_prefetch_bytes, true, kvhead::kv_dtype::int8).l1_bytes == 8192);
 }
 
 TEST_CASE("gemm: the same bits under any cache blocking of a path (MC, NC and the sweep never order a sum)") {

@@ -129,7 +129,7 @@ void gemm_bf16_paged_with(const bf16_paged_kernels& kernels, gemm_shape shape, f
   const bf16_paged_function* const by_rows = kernels.by_element[element];
   const std::size_t mr = kernels.mr;
   const kernel_config_row& row = *kernel_config_for(b.path).row;
-  const stream_prefetch prefetch = paged_stream_prefetch(row, row.paged_prefetch_bytes, m <= mr, b.element);
+  const stream_prefetch prefetch = bf16_paged_stream_prefetch(row, m <= mr, b.element);
   // amx: MXCSR and the tiles set for the product (bf16_paged_kernels).
   struct product_scope {
     const bf16_paged_kernels& kernels;
