@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <cstdint>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -50,6 +52,25 @@ std::string error_of(const json& config, std::size_t layer = 0) {
   }
   return "";
 }
+
+/// error_of for config.json's text as given (a value too deep for json::dump).
+std::string error_of_text(const std::string& text) {
+  const fs::path path =
+      fs::temp_directory_path() / ("kvhead-model-config-text-" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << text;
+  struct remover {
+    fs::path p;
+    ~remover() { fs::remove(p); }
+  } cleanup{path};
+  try {
+    kvhead::io::read_model_config(path.string(), 0);
+  } catch (const kvhead::io::file_error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+bool names(const std::string& message, const std::string& part) { return message.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -241,6 +262,60 @@ TEST_CASE("model config: fields of the wrong type or value name the field") {
   bad = llama();
   bad.erase("model_type");
   CHECK(error_of(bad).find("'model_type' is missing") != std::string::npos);
+}
+
+TEST_CASE("model config: a hostile value is named briefly, never serialized") {
+  // An array nested 100000 deep where a count belongs, and as a layer_types
+  // entry: json::dump recursed once per level and overflowed the stack.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string head = R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, )";
+  const std::string count_error = error_of_text(head + R"("num_hidden_layers": )" + deep + "}");
+  CHECK(names(count_error, "'num_hidden_layers' must be a positive whole number, got an array"));
+  CHECK(count_error.size() < 400);
+  const std::string entry_error = error_of_text(head + R"("num_hidden_layers": 1, "layer_types": [)" + deep + "]}");
+  CHECK(names(entry_error, "'layer_types' entry 0 is an array"));
+  CHECK(entry_error.size() < 400);
+  json bad = llama();
+  bad["rope_theta"] = std::string(100000, 'x');
+  const std::string text_error = error_of(bad);
+  CHECK(names(text_error, "'rope_theta' must be a finite number, got 'xxx"));
+  CHECK(text_error.size() < 400);
+}
+
+TEST_CASE("model config: values the layer would refuse are refused here, naming the field") {
+  json bad = llama();
+  bad["head_dim"] = std::numeric_limits<std::uint64_t>::max();  // 2^64 - 1: its weights' sizes wrap
+  CHECK(names(error_of(bad), "head_dim 18446744073709551615 and hidden_size 64 make weights too large"));
+  bad = llama();
+  bad["num_attention_heads"] = bad["num_key_value_heads"] = bad["head_dim"] = std::uint64_t{1} << 32;
+  CHECK(names(error_of(bad), "too large to address"));
+  bad = llama();
+  bad["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 0.0}};
+  CHECK(names(error_of(bad), "field 'rope_scaling': rope_scaling factor must be positive"));
+  bad = llama();
+  bad["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 4.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 8192}};
+  CHECK(names(error_of(bad), "field 'rope_scaling': llama3 rope_scaling needs 0 < low_freq_factor"));
+  bad = llama();
+  bad["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 0}};
+  CHECK(names(error_of(bad), "field 'rope_parameters': rope_scaling original_max_position_embeddings"));
+  json gemma2 = llama();
+  gemma2["model_type"] = "gemma2";
+  gemma2["attn_logit_softcapping"] = 1e-300;  // positive, but 0 as a float: "none", silently
+  CHECK(names(error_of(gemma2),
+              "'attn_logit_softcapping' must be a positive float (or null: no soft-capping), "
+              "got 1e-300"));
+  gemma2["attn_logit_softcapping"] = 1e-30;  // a float's subnormal range: kept
+  CHECK(spec_of(gemma2).config.logit_softcap == float(1e-30));
+  gemma2["query_pre_attn_scalar"] = 1e-300;  // 1 / sqrt of it is 1e150: no float
+  CHECK(names(error_of(gemma2), "'query_pre_attn_scalar' = 1e-300 makes the scale"));
+  json qwen3 = llama();
+  qwen3["model_type"] = "qwen3";
+  qwen3["rms_norm_eps"] = 1e300;
+  CHECK(names(error_of(qwen3), "'rms_norm_eps' must be >= 0 and within a float's range, got 1e+300"));
 }
 
 TEST_CASE("model folder: the C++ API loads a layer that builds") {

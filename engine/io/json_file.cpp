@@ -41,6 +41,12 @@ std::string json_type_name(const nlohmann::json& value) {
   }
 }
 
+std::string json_value_text(const nlohmann::json& value) {
+  if (value.is_string()) return quote_name(value.get_ref<const std::string&>());
+  if (value.is_structured()) return json_type_name(value);
+  return value.dump();
+}
+
 nlohmann::json read_json_object(const std::string& path) {
   const std::string text = read_whole(path);
   // Keys seen in each open object, innermost last.

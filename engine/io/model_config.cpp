@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <set>
 #include <vector>
 
+#include "engine/arch/checked_size.hpp"
+#include "engine/attention/rope_scaling.hpp"
 #include "engine/io/file_error.hpp"
 #include "engine/io/json_file.hpp"
 
@@ -20,6 +23,12 @@ namespace {
 using json = nlohmann::json;
 
 std::string number(std::size_t value) { return std::to_string(value); }
+/// A real for a message, to 9 significant digits (std::to_string would print 1e-30 as 0.000000).
+std::string real_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", value);
+  return text;
+}
 
 /// Typed reads of config.json fields: absent and null are "not given".
 class config_fields {
@@ -47,7 +56,7 @@ class config_fields {
     if (value == nullptr) return std::nullopt;
     if (!value->is_number_integer() ||
         (value->is_number_unsigned() ? value->get<std::uint64_t>() == 0 : value->get<std::int64_t>() < 1))
-      fail("field " + quote_name(label) + " must be a positive whole number, got " + value->dump());
+      fail("field " + quote_name(label) + " must be a positive whole number, got " + json_value_text(*value));
     return std::size_t(value->get<std::uint64_t>());
   }
   std::optional<double> real(const std::string& key) const { return real_in(object_, key, key); }
@@ -55,14 +64,15 @@ class config_fields {
     const json* value = find(object, key);
     if (value == nullptr) return std::nullopt;
     if (!value->is_number() || !std::isfinite(value->get<double>()))
-      fail("field " + quote_name(label) + " must be a finite number, got " + value->dump());
+      fail("field " + quote_name(label) + " must be a finite number, got " + json_value_text(*value));
     return value->get<double>();
   }
   std::optional<bool> flag(const std::string& key) const { return flag_in(object_, key, key); }
   std::optional<bool> flag_in(const json& object, const std::string& key, const std::string& label) const {
     const json* value = find(object, key);
     if (value == nullptr) return std::nullopt;
-    if (!value->is_boolean()) fail("field " + quote_name(label) + " must be true or false, got " + value->dump());
+    if (!value->is_boolean())
+      fail("field " + quote_name(label) + " must be true or false, got " + json_value_text(*value));
     return value->get<bool>();
   }
   std::size_t required_count(const std::string& key) const {
@@ -95,10 +105,9 @@ bool is_sliding_layer(const config_fields& f, const std::string& type, std::size
     if (!types->is_array() || types->size() != layers)
       f.fail("field 'layer_types' must be an array of num_hidden_layers (" + number(layers) + ") strings");
     const json& entry = (*types)[layer];
-    const std::string kind = entry.is_string() ? entry.get<std::string>() : entry.dump();
-    if (kind == "sliding_attention") return true;
-    if (kind == "full_attention") return false;
-    f.fail("field 'layer_types' entry " + number(layer) + " is " + quote_name(kind) +
+    if (entry == "sliding_attention") return true;
+    if (entry == "full_attention") return false;
+    f.fail("field 'layer_types' entry " + number(layer) + " is " + json_value_text(entry) +
            "; kvhead knows 'full_attention' and 'sliding_attention'");
   }
   if (type == "gemma2" || type == "gpt_oss") return layer % 2 == 0;  // HF Gemma 2, gpt-oss: even layers slide
@@ -156,7 +165,7 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
   std::optional<double> partial = f.real_in(r, "partial_rotary_factor", label("partial_rotary_factor"));
   if (!partial) partial = f.real("partial_rotary_factor");
   if (partial && (*partial <= 0.0 || *partial > 1.0))
-    f.fail("field 'partial_rotary_factor' must be in (0, 1], got " + std::to_string(*partial));
+    f.fail("field 'partial_rotary_factor' must be in (0, 1], got " + real_text(*partial));
   if (partial && *partial < 1.0 && type != "phi3")
     f.fail("field 'partial_rotary_factor' < 1 is not supported for model_type " + quote_name(type) +
            " (its attention rotates whole heads)");
@@ -231,6 +240,10 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
     s.attention_factor = f.real_in(r, "attention_factor", label("attention_factor"));
     s.truncate = f.flag_in(r, "truncate", label("truncate")).value_or(true);
   }
+  // The layer's own checks (factor > 0, llama3's frequency factors in order,
+  // ...), here so that the message names this file and the field.
+  const std::string problem = engine::rope_scaling_problem(s);
+  if (!problem.empty()) f.fail("field " + quote_name(field) + ": " + problem);
 }
 
 }  // namespace
@@ -272,6 +285,15 @@ model_layer_spec read_model_config(const std::string& config_path, std::size_t l
              number(config.num_heads) + " (and no head_dim is given)");
     config.head_dim = config.d_model / config.num_heads;
   }
+  // The weights' sizes must be addressable (a hostile head_dim near 2^64
+  // would wrap the shapes the weights are checked against).
+  const std::optional<std::size_t> kv_rows = engine::checked_product({2, config.num_kv_heads});
+  const std::optional<std::size_t> heads = kv_rows ? engine::checked_sum(config.num_heads, *kv_rows) : std::nullopt;
+  const std::optional<std::size_t> qkv_rows = heads ? engine::checked_product({*heads, config.head_dim}) : std::nullopt;
+  if (!qkv_rows || !engine::checked_product({*qkv_rows, config.d_model, sizeof(float)}))
+    f.fail("num_attention_heads " + number(config.num_heads) + ", num_key_value_heads " + number(config.num_kv_heads) +
+           ", head_dim " + number(config.head_dim) + " and hidden_size " + number(config.d_model) +
+           " make weights too large to address");
   config.causal = true;
 
   // 3. The layer's kind: a sliding layer gets its window.
@@ -301,13 +323,17 @@ model_layer_spec read_model_config(const std::string& config_path, std::size_t l
     const double scalar = f.real("query_pre_attn_scalar").value_or(256.0);
     if (!(scalar > 0.0)) f.fail("field 'query_pre_attn_scalar' must be positive");
     config.scale = float(1.0 / std::sqrt(scalar));
+    if (!std::isfinite(*config.scale))
+      f.fail("field 'query_pre_attn_scalar' = " + real_text(scalar) +
+             " makes the scale 1 / sqrt of it overflow a float");
     // HF Gemma2Config: absent means 50, null means none.
     if (!object.contains("attn_logit_softcapping")) {
       config.logit_softcap = 50.0f;
     } else if (const std::optional<double> cap = f.real("attn_logit_softcapping")) {
-      if (!(*cap > 0.0 && *cap <= double(std::numeric_limits<float>::max())))
+      // float(cap) > 0 too: a cap that rounds to 0 would mean none, silently.
+      if (!(*cap > 0.0 && *cap <= double(std::numeric_limits<float>::max()) && float(*cap) > 0.0f))
         f.fail("field 'attn_logit_softcapping' must be a positive float (or null: no soft-capping), got " +
-               std::to_string(*cap));
+               real_text(*cap));
       config.logit_softcap = float(*cap);
     }
   } else {
@@ -321,7 +347,8 @@ model_layer_spec read_model_config(const std::string& config_path, std::size_t l
   if (*type == "qwen2") spec.qkv_bias = true;
   if (*type == "qwen3") {
     const double eps = f.real("rms_norm_eps").value_or(1e-6);
-    if (eps < 0.0) f.fail("field 'rms_norm_eps' must be >= 0");
+    if (!(eps >= 0.0 && std::isfinite(float(eps))))
+      f.fail("field 'rms_norm_eps' must be >= 0 and within a float's range, got " + real_text(eps));
     config.qk_norm_eps = float(eps);
   }
   spec.fused_qkv = *type == "phi3";
