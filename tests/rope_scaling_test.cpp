@@ -210,6 +210,10 @@ TEST_CASE("attention_layer: the new options are checked") {
   c.rope_scaling.factor = 0.0;
   rejects(c, weights, "factor must be positive");
   c = config();
+  c.rope_scaling.type = static_cast<rope_scaling::kind>(9);  // an integer cast: not silently plain RoPE
+  c.rope_scaling.factor = 4.0;
+  rejects(c, weights, "rope_scaling type must be none, linear, llama3 or yarn, got 9");
+  c = config();
   c.qk_norm_eps = 1e-6f;
   rejects(c, weights, "q_norm weight is null");
   kvhead::attention_weights with_norms = weights;

@@ -83,6 +83,8 @@ rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, c
 
 std::string rope_scaling_problem(const rope_scaling& s) {
   using kind = rope_scaling::kind;
+  if (s.type != kind::none && s.type != kind::linear && s.type != kind::llama3 && s.type != kind::yarn)
+    return "rope_scaling type must be none, linear, llama3 or yarn, got " + std::to_string(int(s.type));
   if (s.type == kind::none) return "";
   for (const double value : {s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings,
                              s.beta_fast, s.beta_slow, s.mscale, s.mscale_all_dim})
