@@ -519,6 +519,11 @@ TEST_CASE("attention: the fastest reduction order stays within rounding of the f
   }
   kvhead::set_reduction_order(kvhead::reduction_order::fixed);
   CHECK(kvhead::current_reduction_order() == kvhead::reduction_order::fixed);
+  // An integer cast to the enum is refused, the order left as it was (it
+  // acted as fastest, silently giving up bit-identity across thread counts).
+  CHECK_THROWS_WITH_AS(kvhead::set_reduction_order(static_cast<kvhead::reduction_order>(7)),
+                       doctest::Contains("unknown reduction order 7"), std::invalid_argument);
+  CHECK(kvhead::current_reduction_order() == kvhead::reduction_order::fixed);
 }
 
 TEST_CASE("attention: the fastest reduction order with a sliding window, a split tile's rows seeing different chunks") {

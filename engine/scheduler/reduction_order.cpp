@@ -25,7 +25,12 @@ std::atomic<reduction_order>& order() {
 
 }  // namespace
 
-void set_reduction_order(reduction_order value) { order().store(value, std::memory_order_relaxed); }
+void set_reduction_order(reduction_order value) {
+  if (value != reduction_order::fixed && value != reduction_order::fastest)
+    throw std::invalid_argument("set_reduction_order: unknown reduction order " + std::to_string(int(value)) +
+                                "; use reduction_order::fixed or reduction_order::fastest");
+  order().store(value, std::memory_order_relaxed);
+}
 
 reduction_order current_reduction_order() { return order().load(std::memory_order_relaxed); }
 

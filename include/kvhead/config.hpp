@@ -107,6 +107,8 @@ KVHEAD_API void release_scratch() noexcept;
 ///            the thread count.
 /// Process-wide; the environment variable KVHEAD_REDUCTION=fixed|fastest sets
 /// the initial value (anything else is an error at first use, like KVHEAD_ISA).
+/// set_reduction_order throws std::invalid_argument for a value that is
+/// neither (an integer cast to the enum), changing nothing.
 enum class reduction_order { fixed, fastest };
 KVHEAD_API void set_reduction_order(reduction_order order);
 KVHEAD_API reduction_order current_reduction_order();
