@@ -2,6 +2,7 @@
 #include "engine/capi/status.hpp"
 
 #include <cstdio>
+#include <cstring>
 
 #include "kvhead/config.hpp"
 
@@ -26,7 +27,12 @@ extern "C" {
 const char* kvh_last_error(void) { return kvhead::capi::last_error; }
 
 const char* kvh_status_name(kvh_status status) {
-  switch (status) {
+  // C passes any int as a kvh_status; in C++ a value outside the enumerators'
+  // range (0-7 here) may not be read as the enum, so its bytes are read as an int.
+  static_assert(sizeof(kvh_status) == sizeof(int));
+  int value = 0;
+  std::memcpy(&value, &status, sizeof value);
+  switch (value) {
     case KVH_OK:
       return "KVH_OK";
     case KVH_ERR_INVALID_ARGUMENT:
