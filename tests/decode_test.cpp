@@ -619,6 +619,44 @@ TEST_CASE("decode stress: threads decoding forked and truncated sequences of one
   }
 }
 
+TEST_CASE("decode with a sliding window runs past the pool's positions, the blocks outside it dropped") {
+  // A pool of 5 blocks of 16 tokens (80 positions) decodes 300 tokens one at
+  // a time under a window of 37: at most 4 blocks are held at once. The
+  // capacity check counted the dropped positions too and refused position 80.
+  constexpr std::size_t window = 37, seq = 300, block_size = 16, pool_blocks = 5;
+  kvhead::attention_config windowed = gqa_rope;
+  windowed.sliding_window = window;
+  const layer_fixture fixture(windowed, 3);
+  std::mt19937 generator(5);
+  const std::vector<float> x = random_values(seq * windowed.d_model, generator, 1.0f);
+  const std::vector<float> expected = fixture.full(x, seq);
+  kvhead::kv_cache_config small = make_cache(windowed, block_size).config();
+  small.capacity_bytes = pool_blocks * make_cache(windowed, block_size).block_bytes();
+  kvhead::kv_cache cache(small);
+  REQUIRE(cache.total_blocks() == pool_blocks);
+  const kvhead::sequence_id id = cache.create();
+  std::vector<float> y(x.size());
+  for (std::size_t position = 0; position < seq; ++position) {
+    const std::size_t offset = position * windowed.d_model;
+    cache.append(id, 1);
+    fixture.layer.forward(cache, 0, {{id, 1}}, x.data() + offset, y.data() + offset);
+    cache.drop_outside_window(id, window);
+  }
+  CHECK(same_bits(y.data(), expected.data(), x.size()));
+  CHECK(cache.length(id) == seq);
+  CHECK(cache.blocks_used(id) == (seq + block_size - 1) / block_size);  // the dropped entries included
+  // Without dropping, the pool's positions are the limit, and the message counts the blocks held.
+  const kvhead::sequence_id other = cache.create();
+  CHECK_THROWS_WITH_AS(cache.append(other, pool_blocks * block_size + 1),
+                       doctest::Contains("needs 6 blocks, the cache has 5"), kvhead::kv_cache_error);
+  // A forward naming a freed sequence names the forward, not an internal call.
+  cache.free(other);
+  std::vector<float> out(windowed.d_model);
+  const std::string freed = "attention_layer::forward (cache): sequence " + std::to_string(other) + " was freed";
+  CHECK_THROWS_WITH_AS(fixture.layer.forward(cache, 0, {{other, 1}}, x.data(), out.data()),
+                       doctest::Contains(freed.c_str()), kvhead::kv_cache_error);
+}
+
 TEST_CASE("decode with a sliding window equals the full forward, and dropping the blocks outside it frees them") {
   constexpr std::size_t window = 37, seq = 300;
   kvhead::attention_config windowed = gqa_rope;

@@ -279,6 +279,7 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
   using namespace engine;
   const attention_config& config = impl_->config;
   const kv_cache_config& geometry = cache.config();
+  const char* const call = "attention_layer::forward (cache)";  // no allocation unless it fails
   const char* const where = "attention_layer::forward (cache): ";
   require(geometry.num_kv_heads == config.num_kv_heads && geometry.head_dim == config.head_dim, [&] {
     return where + ("the cache holds " + std::to_string(geometry.num_kv_heads) + " kv heads of dim " +
@@ -305,7 +306,7 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
   // layer did not write (a recycled block's old contents).
   const std::size_t block_size = geometry.block_size;
   for (const sequence_tokens& item : batch) {
-    const kv_cache_internals::layer_state state = kv_cache_internals::state(cache, item.sequence, layer);
+    const kv_cache_internals::layer_state state = kv_cache_internals::state(cache, item.sequence, layer, call);
     const auto sequence = [&] { return "sequence " + std::to_string(item.sequence); };
     require(item.tokens > 0 && item.tokens <= state.length, [&] {
       return where + (sequence() + ": " + std::to_string(item.tokens) + " new tokens, but it has " +

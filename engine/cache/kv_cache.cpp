@@ -178,11 +178,14 @@ struct kv_cache::impl {
 
   /// The live sequence `id`; throws kv_cache_error naming `call` otherwise.
   /// Requires the lock.
-  sequence& find(sequence_id id, const char* call) {
+  sequence& find(sequence_id id, const char* call) { return find_for(id, "kv_cache::", call); }
+  /// The same, the message naming prefix + call (a call outside kv_cache:
+  /// prefix ""). Allocates nothing unless it throws.
+  sequence& find_for(sequence_id id, const char* prefix, const char* call) {
     const auto found = sequences.find(id);
     if (found != sequences.end()) return found->second;
     const bool was_created = id >= 1 && id < next_id;
-    throw kv_cache_error(std::string("kv_cache::") + call + ": sequence " + std::to_string(id) +
+    throw kv_cache_error(std::string(prefix) + call + ": sequence " + std::to_string(id) +
                          (was_created ? " was freed" : " does not exist (never created)"));
   }
 
@@ -222,12 +225,13 @@ struct kv_cache::impl {
     ++free_count;
   }
 
-  /// Capacity for at least `entries` (<= total_blocks) table entries.
+  /// Capacity for at least `entries` table entries: doubling, capped at
+  /// total_blocks while the table fits in it (more only for a sequence whose
+  /// dropped entries hold no block: drop_outside_window).
   void reserve_table(std::vector<std::uint32_t>& table, std::size_t entries) const {
-    assert(entries <= total_blocks);
     if (table.capacity() >= entries) return;
     const std::size_t grown = std::max(2 * table.capacity(), min_table_capacity);
-    table.reserve(std::max(entries, std::min(grown, total_blocks)));
+    table.reserve(std::max(entries, entries <= total_blocks ? std::min(grown, total_blocks) : grown));
   }
 
   /// Region `region` ((layer * num_kv_heads + kv_head) * 2 + value) of
@@ -300,10 +304,14 @@ void kv_cache::append(sequence_id id, std::size_t tokens) {
                          " + " + std::to_string(tokens) + " tokens overflows the length");
   const std::size_t new_length = length + tokens;
   const std::size_t entries = ceil_div(new_length, block_size);
-  if (entries > cache.total_blocks)
-    throw kv_cache_error("kv_cache::append: out of capacity: sequence " + std::to_string(id) + " of length " +
-                         std::to_string(length) + " + " + std::to_string(tokens) + " tokens needs " +
-                         std::to_string(entries) + " blocks, the cache has " + std::to_string(cache.total_blocks));
+  const std::size_t held = entries - sequence.dropped;  // the dropped entries hold no block
+  if (held > cache.total_blocks)
+    throw kv_cache_error(
+        "kv_cache::append: out of capacity: sequence " + std::to_string(id) + " of length " + std::to_string(length) +
+        " + " + std::to_string(tokens) + " tokens needs " + std::to_string(held) + " blocks" +
+        (sequence.dropped != 0 ? " (positions from " + std::to_string(sequence.dropped * block_size) + " on)"
+                               : std::string()) +
+        ", the cache has " + std::to_string(cache.total_blocks));
 
   // Table room first, outside the lock: the sequence is ours (contract).
   if (sequence.blocks.capacity() < entries) {
@@ -453,10 +461,10 @@ const std::uint32_t* kv_cache_internals::block_table(const kv_cache& cache, sequ
 }
 
 kv_cache_internals::layer_state kv_cache_internals::state(const kv_cache& cache, sequence_id sequence,
-                                                          std::size_t layer) {
+                                                          std::size_t layer, const char* call) {
   assert(layer < cache.config().num_layers);
   const std::lock_guard lock(cache.impl_->mutex);
-  const kv_cache::impl::sequence& found = cache.impl_->find(sequence, "block_table");
+  const kv_cache::impl::sequence& found = cache.impl_->find_for(sequence, "", call);
   return {found.blocks.data(), found.blocks.size(), found.length, found.written[layer],
           found.dropped * cache.config().block_size};
 }

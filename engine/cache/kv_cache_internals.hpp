@@ -133,8 +133,10 @@ struct kv_cache_internals {
     std::size_t written;         // the layer's mark: positions [0, written) hold K/V, written <= length
     std::size_t dropped;         // positions [0, dropped) are dropped (kv_cache::drop_outside_window)
   };
-  /// Throws kv_cache_error for an unknown or freed id, like block_table().
-  static layer_state state(const kv_cache& cache, sequence_id sequence, std::size_t layer);
+  /// Throws kv_cache_error for an unknown or freed id, its message naming
+  /// `call` (the public call that asked: "attention_layer::forward (cache)").
+  static layer_state state(const kv_cache& cache, sequence_id sequence, std::size_t layer,
+                           const char* call = "kv_cache_internals::state");
   /// Sequences holding `block` (0: it is free).
   static std::size_t references(const kv_cache& cache, std::uint32_t block);
   /// Raises (or sets) the layer's mark to `written` <= length(sequence).

@@ -155,8 +155,12 @@
 // forked (the entry and copies of the block table and the marks), and when a
 // sequence's block table outgrows its capacity: tables grow geometrically
 // (doubling, at least 8 entries, capped at total_blocks(), the most a sequence
-// can hold) and never shrink, so a sequence allocates O(log blocks) times over
-// its life. append() within the table capacity already reserved (whether or
+// can hold, while they fit in it) and never shrink, so a sequence allocates
+// O(log blocks) times over its life. A sequence that drops positions
+// (drop_outside_window) holds at most total_blocks() blocks from its dropped
+// positions on, so its length may exceed total_blocks() * block_size; its
+// table keeps an entry (4 bytes) per block of positions, the dropped ones
+// included. append() within the table capacity already reserved (whether or
 // not it takes new blocks from the pool or copies one), truncate(), free(),
 // length(), blocks_used() and the counters never allocate.
 //
