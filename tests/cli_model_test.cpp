@@ -182,8 +182,9 @@ TEST_CASE("model_folder_errors") {
     expect_model_failure(folder, "0", exit_failure, {"rope_scaling.low_freq_factor"});
   }
   SUBCASE("a sliding layer without a window") {
-    const std::string types = copy_case(dir, "llama_yarn", [](nlohmann::json& c) {
+    const std::string types = copy_case(dir, "gemma2_full", [](nlohmann::json& c) {
       c["layer_types"] = {"full_attention", "sliding_attention"};
+      c["sliding_window"] = nullptr;
     });
     expect_model_failure(types, "1", exit_failure, {"layer 1", "'sliding_window' is null"});
     const std::string zero = copy_case(dir, "mistral_window", [](nlohmann::json& c) { c["sliding_window"] = 0; });
@@ -215,6 +216,7 @@ TEST_CASE("model_folder_errors") {
     const auto as_gpt_oss = [](nlohmann::json& c) {
       c["model_type"] = "gpt_oss";
       c["attention_bias"] = false;
+      c["head_dim"] = 16;  // hidden / heads (absent: gpt-oss's 64)
     };
     const std::string folder = copy_case(dir, "llama_linear", as_gpt_oss);
     expect_model_failure(folder, "1", exit_failure, {"missing tensor", "model.layers.1.self_attn.sinks"});

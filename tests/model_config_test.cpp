@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -201,12 +202,65 @@ TEST_CASE("model config: each family's twists") {
   mistral["sliding_window"] = nullptr;
   CHECK(spec_of(mistral).config.num_heads == 4);
   CHECK(spec_of(mistral).config.sliding_window == 0);
+  // layer_types is read where HF's code reads it (Gemma 2, gpt-oss, Qwen 2/3);
+  // Mistral's HF code warns and ignores it, Llama's never slides.
   json typed = llama();
+  typed["model_type"] = "gemma2";
+  typed["head_dim"] = 16;
   typed["layer_types"] = {"full_attention", "sliding_attention"};
+  typed["sliding_window"] = nullptr;
   CHECK(error_of(typed, 1).find("'sliding_window' is null") != std::string::npos);
   typed["sliding_window"] = 7;
   CHECK(spec_of(typed, 0).config.sliding_window == 0);
   CHECK(spec_of(typed, 1).config.sliding_window == 7);
+  typed["model_type"] = "llama";
+  CHECK(spec_of(typed, 1).config.sliding_window == 0);
+  typed["model_type"] = "mistral";
+  CHECK(spec_of(typed, 0).config.sliding_window == 7);  // every layer, whatever layer_types says
+}
+
+TEST_CASE("model config: HF's per-family defaults for absent shapes and windows") {
+  // configuration_*.py: num_key_value_heads (absent) Mistral 8, Qwen 2/3 32,
+  // Gemma 2 4, gpt-oss 8, Llama and Phi-3 the heads (null: the heads);
+  // head_dim (absent) Gemma 2 256, Qwen 3 128, gpt-oss 64, else hidden / heads.
+  json wide = llama();
+  wide["hidden_size"] = 2048;
+  wide["num_attention_heads"] = 32;
+  wide.erase("num_key_value_heads");
+  const std::pair<const char*, std::pair<std::size_t, std::size_t>> families[] = {
+      {"llama", {32, 64}},  {"phi3", {32, 64}},   {"mistral", {8, 64}}, {"qwen2", {32, 64}},
+      {"qwen3", {32, 128}}, {"gemma2", {4, 256}}, {"gpt_oss", {8, 64}}};
+  for (const auto& [family, shape] : families) {
+    json config = wide;
+    config["model_type"] = family;
+    if (std::string(family) == "phi3") config.erase("rope_theta");
+    const kvhead::attention_config c = spec_of(config, 1).config;
+    INFO(family);
+    CHECK(c.num_kv_heads == shape.first);
+    CHECK(c.head_dim == shape.second);
+    config["num_key_value_heads"] = nullptr;  // null: MHA in every family
+    config["head_dim"] = nullptr;             // null: hidden / heads
+    CHECK(spec_of(config, 1).config.num_kv_heads == 32);
+    CHECK(spec_of(config, 1).config.head_dim == 64);
+  }
+  json mistral = wide;
+  mistral["model_type"] = "mistral";
+  mistral["num_attention_heads"] = 12;  // not a multiple of the default 8
+  CHECK(error_of(mistral).find("num_key_value_heads 8 (absent: mistral's default in HF)") != std::string::npos);
+  // Qwen 2/3 with use_sliding_window and no sliding_window: HF's 4096, from max_window_layers on.
+  json qwen = llama();
+  qwen["model_type"] = "qwen2";
+  qwen["use_sliding_window"] = true;
+  qwen["max_window_layers"] = 1;
+  CHECK(spec_of(qwen, 0).config.sliding_window == 0);
+  CHECK(spec_of(qwen, 1).config.sliding_window == 4096);
+  qwen["sliding_window"] = nullptr;  // null: no window anywhere
+  CHECK(spec_of(qwen, 1).config.sliding_window == 0);
+  // Phi-3 takes no rope type but default (HF reads su and yarn as longrope, refuses the others).
+  json phi3 = llama();
+  phi3["model_type"] = "phi3";
+  phi3["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 512}};
+  CHECK(error_of(phi3).find("Phi-3 in HF takes default or longrope") != std::string::npos);
 }
 
 TEST_CASE("model config: gpt_oss defaults (HF GptOssConfig): yarn RoPE, theta 150000, all four biases, sinks") {
@@ -268,7 +322,9 @@ TEST_CASE("model config: a hostile value is named briefly, never serialized") {
   // An array nested 100000 deep where a count belongs, and as a layer_types
   // entry: json::dump recursed once per level and overflowed the stack.
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
-  const std::string head = R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, )";
+  const std::string head =
+      R"({"model_type": "gemma2", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, )"
+      R"("head_dim": 16, )";
   const std::string count_error = error_of_text(head + R"("num_hidden_layers": )" + deep + "}");
   CHECK(names(count_error, "'num_hidden_layers' must be a positive whole number, got an array"));
   CHECK(count_error.size() < 400);

@@ -187,8 +187,26 @@ CASES = [
 # Hugging Face formulas, float64
 # ----------------------------------------------------------------------------
 
+# Absent from config.json: num_key_value_heads and head_dim as each family's configuration_*.py defaults them
+# (None: the heads, and hidden / heads; an explicit null means those too).
+HF_DEFAULTS = {"mistral": (8, None), "qwen2": (32, None), "qwen3": (32, 128), "gemma2": (4, 256),
+               "gpt_oss": (8, 64)}
+
+
 def head_dim_of(config):
+    if "head_dim" not in config:
+        default = HF_DEFAULTS.get(config["model_type"], (None, None))[1]
+        if default is not None:
+            return default
     return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+
+
+def kv_heads_of(config):
+    if "num_key_value_heads" not in config:
+        default = HF_DEFAULTS.get(config["model_type"], (None, None))[0]
+        if default is not None:
+            return default
+    return config.get("num_key_value_heads") or config["num_attention_heads"]
 
 
 def rope_parameters(config):
@@ -272,13 +290,15 @@ def rms_norm(x, weight, eps):
 def sliding_window_of(config, layer):
     """The layer's sliding window (None: full attention), as each family's HF config decides it."""
     family = config["model_type"]
-    if config.get("layer_types") is not None:
+    # layer_types: read by Gemma 2, gpt-oss and Qwen 2/3 (Mistral's code warns and ignores it, Phi-3 is Mistral's,
+    # Llama never slides).
+    if config.get("layer_types") is not None and family in ("gemma2", "gpt_oss", "qwen2", "qwen3"):
         return config["sliding_window"] if config["layer_types"][layer] == "sliding_attention" else None
     if family == "mistral":
         return config.get("sliding_window", 4096)
     if family in ("qwen2", "qwen3"):
         slides = config.get("use_sliding_window", False) and layer >= config.get("max_window_layers", 28)
-        return config.get("sliding_window") if slides else None
+        return config.get("sliding_window", 4096) if slides else None
     if family == "gemma2":
         return config.get("sliding_window", 4096) if layer % 2 == 0 else None
     if family == "gpt_oss":
@@ -294,8 +314,7 @@ def reference_attention(x, w, config, layer, use_variants=True):
     family = config["model_type"]
     p = f"model.layers.{layer}.self_attn."
     batch, seq, _ = x.shape
-    H, G, d = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"]), \
-        head_dim_of(config)
+    H, G, d = config["num_attention_heads"], kv_heads_of(config), head_dim_of(config)
 
     def linear(inp, name):
         y = inp @ w[p + name + ".weight"].T
@@ -357,7 +376,7 @@ def apply_rope_per_pair(x, config):
 def attention_shapes(config):
     """{suffix: shape} of one layer's attention tensors, as the family names them."""
     family, hidden = config["model_type"], config["hidden_size"]
-    H, G, d = config["num_attention_heads"], config.get("num_key_value_heads"), head_dim_of(config)
+    H, G, d = config["num_attention_heads"], kv_heads_of(config), head_dim_of(config)
     shapes = {}
     if family == "phi3":
         shapes["qkv_proj.weight"] = ((H + 2 * G) * d, hidden)

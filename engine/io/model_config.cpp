@@ -98,10 +98,27 @@ std::string supported_list() {
   return list;
 }
 
-// 3. Whether layer `layer` is a sliding-window layer, by layer_types when
-// given, else by the family's rule.
+// 2. The shapes HF's configuration_*.py give a family when config.json has
+// no such field (0: num_attention_heads, or hidden_size / heads).
+struct hf_defaults {
+  std::size_t num_kv_heads = 0, head_dim = 0;
+};
+hf_defaults hf_defaults_of(const std::string& type) {
+  if (type == "mistral") return {8, 0};
+  if (type == "qwen2") return {32, 0};
+  if (type == "qwen3") return {32, 128};
+  if (type == "gemma2") return {4, 256};
+  if (type == "gpt_oss") return {8, 64};
+  return {};  // llama, phi3
+}
+
+// 3. Whether layer `layer` is a sliding-window layer: by layer_types when
+// given, for the families whose HF code reads it (Gemma 2, gpt-oss, Qwen 2/3;
+// Mistral's warns and ignores it, Phi-3's is Mistral's, Llama's never slides),
+// else by the family's rule.
 bool is_sliding_layer(const config_fields& f, const std::string& type, std::size_t layer, std::size_t layers) {
-  if (const json* types = f.find(f.object(), "layer_types")) {
+  const bool reads_layer_types = type == "gemma2" || type == "gpt_oss" || type == "qwen2" || type == "qwen3";
+  if (const json* types = reads_layer_types ? f.find(f.object(), "layer_types") : nullptr) {
     if (!types->is_array() || types->size() != layers)
       f.fail("field 'layer_types' must be an array of num_hidden_layers (" + number(layers) + ") strings");
     const json& entry = (*types)[layer];
@@ -112,10 +129,12 @@ bool is_sliding_layer(const config_fields& f, const std::string& type, std::size
   }
   if (type == "gemma2" || type == "gpt_oss") return layer % 2 == 0;  // HF Gemma 2, gpt-oss: even layers slide
   if (type == "qwen2" || type == "qwen3") {
-    // HF Qwen 2/3: sliding only with use_sliding_window, from max_window_layers on.
+    // HF Qwen 2/3: sliding only with use_sliding_window, from max_window_layers
+    // on, and not with sliding_window null (absent: 4096).
     const bool use = f.flag("use_sliding_window").value_or(false);
     const std::size_t first_sliding = f.count("max_window_layers").value_or(28);
-    return use && f.given("sliding_window") && layer >= first_sliding;
+    const bool has_window = f.given("sliding_window") || !f.object().contains("sliding_window");
+    return use && has_window && layer >= first_sliding;
   }
   if (type == "mistral") return !f.object().contains("sliding_window") || f.given("sliding_window");  // default 4096
   if (type == "phi3") return f.given("sliding_window");
@@ -123,15 +142,15 @@ bool is_sliding_layer(const config_fields& f, const std::string& type, std::size
 }
 
 // The window of a sliding layer: sliding_window, else (absent) the family's
-// default in HF (Mistral, Gemma 2: 4096; gpt-oss: 128). Qwen 2/3 keep sliding_window only
-// with use_sliding_window (HF sets it to None otherwise).
+// default in HF (Mistral, Gemma 2, Qwen 2/3: 4096; gpt-oss: 128). Qwen 2/3 keep
+// sliding_window only with use_sliding_window (HF sets it to None otherwise).
 std::size_t sliding_window(const config_fields& f, const std::string& type, std::size_t layer) {
   if ((type == "qwen2" || type == "qwen3") && !f.flag("use_sliding_window").value_or(false))
     f.fail("layer " + number(layer) + " is a sliding-window layer (layer_types) but field 'use_sliding_window' is " +
            "not true, so it has no window");
   if (const std::optional<std::size_t> window = f.count("sliding_window")) return *window;
   if (!f.object().contains("sliding_window")) {
-    if (type == "mistral" || type == "gemma2") return 4096;
+    if (type == "mistral" || type == "gemma2" || type == "qwen2" || type == "qwen3") return 4096;
     if (type == "gpt_oss") return 128;
   }
   f.fail("layer " + number(layer) + " is a sliding-window layer (layer_types) but field 'sliding_window' is null");
@@ -183,6 +202,11 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
       break;
     }
   }
+  // HF's Phi-3 takes default or longrope alone (it reads su and yarn as longrope).
+  if (type == "phi3" && kind != "default")
+    f.fail("field " + quote_name(label("rope_type")) + " is " + quote_name(kind) +
+           ": Phi-3 in HF takes default or longrope (su and yarn meaning longrope), and kvhead does not implement "
+           "longrope");
   rope_scaling& s = config.rope_scaling;
   std::set<std::string> allowed = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
   if (kind == "default") {
@@ -273,12 +297,21 @@ model_layer_spec read_model_config(const std::string& config_path, std::size_t l
   attention_config& config = spec.config;
   config.d_model = f.required_count("hidden_size");
   config.num_heads = f.required_count("num_attention_heads");
-  config.num_kv_heads = f.count("num_key_value_heads").value_or(config.num_heads);
+  // Absent, num_key_value_heads and head_dim take the family's default in HF's
+  // configuration_*.py; num_key_value_heads null means MHA, head_dim null
+  // hidden_size / num_attention_heads.
+  const hf_defaults defaults = hf_defaults_of(*type);
+  const bool kv_heads_absent = !object.contains("num_key_value_heads");
+  config.num_kv_heads =
+      f.count("num_key_value_heads")
+          .value_or(kv_heads_absent && defaults.num_kv_heads ? defaults.num_kv_heads : config.num_heads);
   if (config.num_heads % config.num_kv_heads != 0)
     f.fail("num_attention_heads " + number(config.num_heads) + " is not a multiple of num_key_value_heads " +
-           number(config.num_kv_heads));
+           number(config.num_kv_heads) + (kv_heads_absent ? " (absent: " + *type + "'s default in HF)" : ""));
   if (const std::optional<std::size_t> head_dim = f.count("head_dim")) {
     config.head_dim = *head_dim;
+  } else if (!object.contains("head_dim") && defaults.head_dim != 0) {
+    config.head_dim = defaults.head_dim;
   } else {
     if (config.d_model % config.num_heads != 0)
       f.fail("hidden_size " + number(config.d_model) + " is not a multiple of num_attention_heads " +

@@ -22,11 +22,13 @@
 // to query i only if i - j < sliding_window, as HF's sliding mask.
 //
 // Fields read: model_type, hidden_size, num_hidden_layers, num_attention_heads,
-// num_key_value_heads (absent: MHA), head_dim (absent: hidden_size / heads,
-// which must divide), rope_theta (absent: 10000), rope_scaling or
-// rope_parameters (rope_type / type: default, linear, llama3, yarn),
+// num_key_value_heads and head_dim (absent: the family's HF default,
+// hf_defaults_of in model_config.cpp; null: MHA, and hidden_size / heads, which
+// must divide), rope_theta (absent: 10000), rope_scaling or rope_parameters
+// (rope_type / type: default, linear, llama3, yarn; phi3 default only),
 // partial_rotary_factor, attention_bias, sliding_window, use_sliding_window,
-// max_window_layers, layer_types, query_pre_attn_scalar,
+// max_window_layers, layer_types (gemma2, gpt_oss, qwen2, qwen3: the families
+// whose HF code reads it), query_pre_attn_scalar,
 // attn_logit_softcapping, rms_norm_eps, max_position_embeddings, torch_dtype /
 // dtype. Attention is causal, positions start at 0.
 //
