@@ -169,6 +169,16 @@ TEST_CASE("kv dtype: int8 scale is max|x| / 127, values round to nearest even, a
     CHECK(std::isnan(scale));
     CHECK(engine::encode_int8(1.0f, scale) == 0);
   }
+  // FLT_MAX / 127 rounds up, and 127 times it to +Inf: a finite row must read back finite.
+  for (const float largest : {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max()}) {
+    const std::vector<float> row = {1.0f, largest, -3.0f};
+    const float scale = engine::int8_scale(row.data(), row.size());
+    CHECK(scale == std::nextafter(std::numeric_limits<float>::max() / 127.0f, 0.0f));
+    CHECK(std::isfinite(127.0f * scale));
+    CHECK(engine::encode_int8(largest, scale) == (largest > 0 ? 127 : -127));
+  }
+  const float below = std::nextafter(std::numeric_limits<float>::max(), 0.0f);  // its scale needs no change
+  CHECK(engine::int8_scale(&below, 1) == below / 127.0f);
 }
 
 TEST_CASE("kv dtype: block bytes follow the layout formula, the Llama-3-8B table of kv_cache.hpp") {
@@ -414,6 +424,50 @@ quantization_error int8_products_error(const float* q, const float* k, const flo
         error.output[e] += 1.01 * largest * std::fabs(double(v[(j * kv_heads + g) * d + e])) / value_scale[j] / 65534.0;
   }
   return error;
+}
+
+TEST_CASE("kv dtype: an int8 cache keeps tiny V: V times 2^-e gives the outputs times 2^-e") {
+  // p times V's scales, and a row of them quantized to int16, went subnormal
+  // once V fell below about 2^-104 (scales below 2^-111): bits lost, whole
+  // rows read as zeros. Scaling V by a power of two scales its int8 scales
+  // alone (the same codes) and p's quantized integers not at all, so each
+  // output is the unscaled one times the same power, exactly while it stays
+  // a normal float; within a few subnormal ulps (2^-149 each: the merges'
+  // roundings) below.
+  const cached_problem base(4, 2, 40, {300, 17}, 3, 31);
+  for (const simd_path path : kvhead::supported_simd_paths())
+    for (const std::size_t block_size : {std::size_t{16}, std::size_t{256}}) {
+      CAPTURE(std::string(kvhead::to_string(path)));
+      CAPTURE(block_size);
+      const std::vector<float> unscaled = attend(base, fill(base, kv_dtype::int8, block_size, path), 3, true, path);
+      for (const int exponent : {-50, -108, -116}) {
+        CAPTURE(exponent);
+        cached_problem scaled = base;
+        for (std::vector<float>& v : scaled.v)
+          for (float& x : v) x = std::ldexp(x, exponent);
+        const std::vector<float> out = attend(scaled, fill(scaled, kv_dtype::int8, block_size, path), 3, true, path);
+        std::size_t beyond = 0;
+        for (std::size_t i = 0; i < out.size(); ++i)
+          beyond += !(std::fabs(double(out[i]) - std::ldexp(double(unscaled[i]), exponent)) <= 0x1p-147);
+        CHECK(beyond == 0);
+      }
+      // V all subnormal (2^-135 and below): its scales keep 6-7 bits (2^-142
+      // over 2^-149), so the outputs stay within 2^-5 of the unscaled ones'
+      // largest; they read as zeros before.
+      cached_problem subnormal = base;
+      for (std::vector<float>& v : subnormal.v)
+        for (float& x : v) x = std::ldexp(x, -135);
+      const std::vector<float> out =
+          attend(subnormal, fill(subnormal, kv_dtype::int8, block_size, path), 3, true, path);
+      double largest = 0.0, error = 0.0;
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        const double expected = std::ldexp(double(unscaled[i]), -135);
+        largest = std::max(largest, std::fabs(expected));
+        error = std::max(error, std::fabs(double(out[i]) - expected));
+      }
+      CHECK(largest > 0.0);
+      CHECK(error <= 0x1p-5 * largest);
+    }
 }
 
 TEST_CASE("kv dtype: attention over a bf16, f16 or int8 cache equals a double reference over the stored values") {

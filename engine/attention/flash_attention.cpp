@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -351,6 +352,9 @@ const void* page_keeping_rows(const packed_b_view& values, key_span kept, std::o
   return target;
 }
 
+// V scales below this make a row of p times them subnormal (chunk_partial).
+constexpr float tiny_value_scale = 0x1p-100f;
+
 // 2. Chunk `chunk`'s partial of every row: (max, sum) and acc [rows x d].
 // Rows that see no key of the chunk are left as they are (never merged). The
 // chunk's keys come in segments read in place (one per KV cache block);
@@ -455,6 +459,26 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
       for (std::size_t j = first_key; j < width; ++j) scores[row * kv_chunk + j] += mask_row[j];
     }
 
+  // int8: V's scales below 2^-100 (V's values below about 2^-93) would make
+  // p times a scale, and the int16 quantum of a row of them (int8 products),
+  // subnormal: bits lost, or the whole row quantized to zeros. A row whose
+  // visible keys' largest V scale is that small takes its scales times 2^e
+  // (the largest then in [1, 2)) and its output times 2^-e: powers of two, so
+  // the integers quantized and summed are those of the row at any magnitude.
+  // e follows from the row's own keys, so a row gets it in any tile; a row
+  // with one scale of 2^-100 or more (in practice its first) keeps e = 0.
+  auto value_exponent = [&](std::size_t row) {
+    const key_span keys = visible(row / group);
+    const float* const scales = value_scales + (keys.begin - first_key);
+    float largest = 0.0f;
+    for (std::size_t j = 0; j < keys.count(); ++j) {
+      if (scales[j] >= tiny_value_scale) return 0;
+      largest = std::max(largest, scales[j]);  // a NaN scale is skipped
+    }
+    return largest > 0.0f ? -std::ilogb(largest) : 0;
+  };
+  alignas(64) float raised_scales[kv_chunk];
+
   // 2b. Each row's partial from an empty state over its visible keys; int8:
   // each visible probability times its key's V scale (after the sum, which
   // stays the softmax's).
@@ -467,8 +491,14 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     sum[row] = state.sum;
     if (tile.precision == precision::bf16 && kind != product_kind::bf16)  // the bf16 products round p as they read it
       round_floats_to_bf16(p + keys.begin, p + keys.begin, keys.count(), tile.path);
-    if (scaled && keys.count() > 0)
-      multiply_floats(p + keys.begin, value_scales + (keys.begin - first_key), keys.count(), tile.path);
+    if (scaled && keys.count() > 0) {
+      const float* row_scales = value_scales + (keys.begin - first_key);
+      if (const int exponent = value_exponent(row); exponent != 0) {
+        for (std::size_t j = 0; j < keys.count(); ++j) raised_scales[j] = std::ldexp(row_scales[j], exponent);
+        row_scales = raised_scales;
+      }
+      multiply_floats(p + keys.begin, row_scales, keys.count(), tile.path);
+    }
   }
 
   // 2c. acc = p v. Off the causal diagonal and the window's edge every
@@ -522,6 +552,10 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
         pages, first_values.k,     true, keys.end - from, head_dim, first_values.path, first_values.element,
         0,     first_values.layout};
     paged_product(kind, attention_product::values, shape, 1.0f, probabilities, values, target, head_dim);
+    for (std::size_t row = row0; scaled && row < row0 + shape.m; ++row)
+      if (const int exponent = value_exponent(row); exponent != 0)  // back to the row's magnitude
+        for (float& element : std::span(target + (row - row0) * head_dim, head_dim))
+          element = std::ldexp(element, -exponent);
   };
   auto values_finite = [&] {
     if (in_place) return all_finite(views[first_segment].values_in_place, width, head_dim);

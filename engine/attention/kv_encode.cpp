@@ -1,6 +1,7 @@
 #include "engine/attention/kv_encode.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include "engine/arch/dispatch.hpp"
 
@@ -13,7 +14,11 @@ float int8_scale(const float* row, std::size_t count) {
   std::uint32_t largest = 0;
   for (std::size_t i = 0; i < count; ++i)
     largest = std::max(largest, std::bit_cast<std::uint32_t>(row[i]) & 0x7fffffff);
-  return largest >= 0x7f800000 ? NAN : std::bit_cast<float>(largest) / 127.0f;
+  if (largest >= 0x7f800000) return NAN;
+  const float scale = std::bit_cast<float>(largest) / 127.0f;
+  // A largest of FLT_MAX rounds its scale up past FLT_MAX / 127:
+  // one ulp down, so that 127 * scale, the largest value read back, stays finite.
+  return 127.0f * scale <= std::numeric_limits<float>::max() ? scale : std::nextafter(scale, 0.0f);
 }
 
 void encode_f16_row(const float* in, std::size_t count, f16_bits* out, simd_path path) {

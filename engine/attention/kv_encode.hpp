@@ -62,7 +62,9 @@ inline f16_bits encode_f16(float x) {
 }
 
 /// The int8 scale of a row of `count` values: max |x| / 127 (fp32
-/// division), 0 for an all-zero row, NaN when the row holds a NaN or an Inf.
+/// division; one ulp less where 127 times it would overflow: a max of
+/// FLT_MAX), 0 for an all-zero row, NaN when the row holds
+/// a NaN or an Inf.
 float int8_scale(const float* row, std::size_t count);
 
 /// x / scale (fp32 division) rounded to nearest even, for the scale of x's

@@ -46,7 +46,9 @@
 //         65520 or more become +-Inf (f16's range is +-65504).
 //   int8  1 byte: symmetric, one fp32 scale per token and kv head, for K and
 //         for V separately: scale = max|x| / 127 over the row's head_dim
-//         values (fp32 division), q = x / scale (fp32 division) rounded to
+//         values (fp32 division; one ulp less where 127 * scale would
+//         overflow: a max of FLT_MAX still reads back finite),
+//         q = x / scale (fp32 division) rounded to
 //         nearest even, in [-127, 127]; an all-zero row has scale 0 and
 //         stores zeros. A row holding a NaN or an Inf is stored with a NaN
 //         scale (and zeros), so every output attending to that token is NaN,
