@@ -112,7 +112,9 @@ typedef struct kvh_cache kvh_cache;
 /* How a cache stores K and V (kvhead::kv_dtype, kv_cache.hpp): f32; bf16 or
    f16 (round to nearest even, NaN and Inf kept); int8 (symmetric, one fp32
    scale per token and kv head for K and for V; a non-finite row makes every
-   output attending to it NaN). Attention reads them in place, in fp32. */
+   output attending to it NaN). Attention reads them in place, never through
+   a dequantized copy; its products run in fp32, or on the CPU's bf16 or
+   integer dot products where it has them (kv_cache.hpp says which). */
 typedef enum kvh_kv_dtype { KVH_KV_F32 = 0, KVH_KV_BF16, KVH_KV_F16, KVH_KV_INT8 } kvh_kv_dtype;
 
 /* How a layer computes (kvhead::precision, attention.hpp's
