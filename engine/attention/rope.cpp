@@ -29,8 +29,8 @@ struct rope_table {
 // The most positions a table holds: 2^17 (64 MiB at rotary_dim 128). Rows at
 // later positions compute their cos and sin on the spot, with the same
 // arithmetic (rope_table_source::angles), so a position's bits never depend
-// on whether the table covered it, and a position near SIZE_MAX allocates
-// nothing.
+// on whether the table covered it, and a call whose rows are all that far
+// grows no table.
 constexpr std::size_t table_limit = std::size_t{1} << 17;
 
 // Positions a table grows to when `positions` (<= table_limit) are needed: at
@@ -111,16 +111,23 @@ class rope_table_source {
 namespace {
 
 // The process-wide registry: one table source per (inverse frequencies,
-// attention factor), never removed (a layer keeps a plain pointer to its
-// source). Equal frequencies give equal tables, whatever theta and scaling
-// produced them.
-rope_table_source* shared_table(const rope_frequencies& frequencies) {
+// attention factor), shared by the ropes (layers) that use it and freed with
+// the last of them (up to 64 MiB each at rotary_dim 128: a process loading
+// layers of many thetas keeps only the live ones'). Equal frequencies give
+// equal tables, whatever theta and scaling produced them. Entries of freed
+// sources are dropped as new ones come.
+std::shared_ptr<rope_table_source> shared_table(const rope_frequencies& frequencies) {
   static std::mutex mutex;
-  static std::map<std::pair<std::vector<double>, double>, std::unique_ptr<rope_table_source>> sources;
+  static std::map<std::pair<std::vector<double>, double>, std::weak_ptr<rope_table_source>> sources;
   const std::lock_guard lock(mutex);
-  std::unique_ptr<rope_table_source>& source = sources[{frequencies.inv_freq, frequencies.attention_factor}];
-  if (source == nullptr) source = std::make_unique<rope_table_source>(frequencies);
-  return source.get();
+  std::erase_if(sources, [](const auto& entry) { return entry.second.expired(); });
+  std::weak_ptr<rope_table_source>& entry = sources[{frequencies.inv_freq, frequencies.attention_factor}];
+  std::shared_ptr<rope_table_source> source = entry.lock();
+  if (source == nullptr) {
+    source = std::make_shared<rope_table_source>(frequencies);
+    entry = source;
+  }
+  return source;
 }
 
 }  // namespace
@@ -135,8 +142,10 @@ rope::rope(std::size_t head_dim, std::size_t rotary_dim, double theta, const rop
 void rope::apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t heads,
                  const std::size_t* positions) const {
   if (table_ == nullptr || rows == 0) return;
-  const std::size_t last = *std::max_element(positions, positions + rows);
-  const std::shared_ptr<const rope_table> table = table_->covering(std::min(last, table_limit - 1) + 1);
+  std::size_t covered = 0;  // positions the table must hold: the rows' within table_limit
+  for (std::size_t row = 0; row < rows; ++row)
+    if (positions[row] < table_limit) covered = std::max(covered, positions[row] + 1);
+  const std::shared_ptr<const rope_table> table = covered > 0 ? table_->covering(covered) : nullptr;
   const std::size_t half = rotary_dim_ / 2;
   // Pairs [first, first + count) of every head of `row`, with their cos and sin.
   auto rotate_pairs = [&](std::size_t row, std::size_t first, std::size_t count, const float* cos, const float* sin) {
@@ -151,7 +160,7 @@ void rope::apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t
   };
   auto rotate = [&](std::size_t row_begin, std::size_t row_end) {
     for (std::size_t row = row_begin; row < row_end; ++row) {
-      if (positions[row] < table->positions) {
+      if (table != nullptr && positions[row] < table->positions) {
         const float* cos = table->cos_sin.data() + positions[row] * rotary_dim_;
         rotate_pairs(row, 0, half, cos, cos + half);
         continue;

@@ -12,7 +12,7 @@
 //
 // The cos and sin of every position come from one table per (rotary_dim,
 // inverse frequencies, attention factor), shared by every layer and every call
-// of the process (rope.cpp):
+// of the process that use it and freed with the last such layer (rope.cpp):
 // computed once, as above, and grown geometrically when a larger position is
 // asked for, so a growing sequence regrows it O(log n) times and steady-state
 // calls allocate nothing. The table stops at 2^17 positions (64 MiB at
@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "kvhead/attention.hpp"
 
@@ -45,7 +46,7 @@ class rope {
  private:
   std::size_t head_dim_;
   std::size_t rotary_dim_;
-  rope_table_source* table_;  // null: no rotation; owned by the process-wide registry
+  std::shared_ptr<rope_table_source> table_;  // null: no rotation; shared through the process-wide registry
 };
 
 }  // namespace kvhead::engine

@@ -312,6 +312,10 @@ struct sequence_tokens {
 /// scaled as rope_scaling says, angle = position * inv_freq_i, cos and sin
 /// computed in double (times the attention factor of yarn) and rounded to
 /// float; positions are absolute, 0 for the first token of each sequence.
+/// The cos and sin of positions below 2^17 come from a table (rotary_dim *
+/// 4 bytes a position: up to 64 MiB at rotary_dim 128) shared by the layers
+/// with the same frequencies and freed with the last of them; later positions
+/// compute theirs on the spot, with the same bits.
 /// QK-norm, when configured, comes before RoPE. Soft-capping and sinks, when
 /// configured, as scaled_dot_product_attention's "Variants" say, in both
 /// forwards. With H = G, no RoPE and no mask the
