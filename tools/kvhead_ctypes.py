@@ -17,8 +17,15 @@ kvh_last_error()'s message.
         y = cache.decode(layer, [seq], [1], next_token)           # one decode step
         full = layer.forward(prompt[None], causal=True)           # [batch, seq, d_model]
 
-Arrays are converted to C-contiguous float32 when they are not already. The
-threading rules are the C API's: calls on distinct sequences may run from
+A Hugging Face model folder's layer: kvhead.model_layer("path/to/model", layer_index=0).
+
+Arrays of real numbers (float, integer or bool dtypes) are converted to
+C-contiguous float32 when they are not already; complex, string, object and
+masked arrays, and float64 values beyond float32's range, are refused.
+Integer arguments (ids, lengths, counts, options) must be integers within
+their C type's range, and float options nonzero in float32 when given
+nonzero: a value C would wrap, truncate or round to "none" raises instead.
+The threading rules are the C API's: calls on distinct sequences may run from
 several Python threads (ctypes releases the GIL during each call).
 """
 
@@ -73,6 +80,8 @@ class Library:
         prototypes = {
             "kvh_layer_options_init_sized": (None, [ctypes.POINTER(_LayerOptions), ctypes.c_size_t]),
             "kvh_layer_open": (status, [ctypes.c_char_p, ctypes.POINTER(_LayerOptions), ctypes.POINTER(p)]),
+            "kvh_layer_open_model": (status, [ctypes.c_char_p, ctypes.c_int32, ctypes.POINTER(_LayerOptions),
+                                              ctypes.POINTER(p)]),
             "kvh_layer_d_model": (ctypes.c_int32, [p]),
             "kvh_layer_num_heads": (ctypes.c_int32, [p]),
             "kvh_layer_num_kv_heads": (ctypes.c_int32, [p]),
@@ -110,47 +119,129 @@ class Library:
             raise KvheadError(status, self._c.kvh_last_error().decode(errors="replace"))
 
     def layer(self, path, num_heads, num_kv_heads=0, rope_theta=0.0, scale=0.0, prefix=None, threads=0,
-              kv_dtype="f32", precision="f32", sliding_window=0, kv_block_size=0):
-        """Layer.open with these options (kvh_layer_options: 0 means the default; kv_dtype a key of KV_DTYPES,
-        precision a key of PRECISIONS, kv_block_size 16, 32, 64, 128 or 256 tokens per block of its caches)."""
-        return Layer(self, path, num_heads, num_kv_heads, rope_theta, scale, prefix, threads, kv_dtype, precision,
-                     sliding_window, kv_block_size)
+              kv_dtype="f32", precision="f32", sliding_window=0, kv_block_size=0, logit_softcap=0.0, sinks=None):
+        """kvh_layer_open with these options (kvh_layer_options: 0 means the default; kv_dtype a key of
+        KV_DTYPES, precision a key of PRECISIONS, kv_block_size 16, 32, 64, 128 or 256 tokens per block of its
+        caches, sinks None or num_heads logits)."""
+        return Layer(self, path, num_heads=num_heads, num_kv_heads=num_kv_heads, rope_theta=rope_theta,
+                     scale=scale, prefix=prefix, threads=threads, kv_dtype=kv_dtype, precision=precision,
+                     sliding_window=sliding_window, kv_block_size=kv_block_size, logit_softcap=logit_softcap,
+                     sinks=sinks)
+
+    def model_layer(self, folder, layer_index, threads=0, kv_dtype="f32", precision="f32", kv_block_size=0):
+        """kvh_layer_open_model: layer layer_index of a Hugging Face model folder, everything else from its
+        config.json and weights."""
+        return Layer(self, folder, layer_index=layer_index, threads=threads, kv_dtype=kv_dtype, precision=precision,
+                     kv_block_size=kv_block_size)
 
     def cache(self, layer, byte_budget, num_layers=1):
         """A Cache for num_layers layers of the layer's geometry."""
         return Cache(self, layer, byte_budget, num_layers)
 
 
-def _floats(array):
-    """array as C-contiguous float32 and a pointer to it (keep the array alive while the pointer is used)."""
-    array = np.ascontiguousarray(array, dtype=np.float32)
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_SIZE = (0, (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1)
+
+
+def _integer(name, value, bounds):
+    """value as a Python int within bounds (a C type's range): bool, float, str and the rest raise TypeError."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if not bounds[0] <= value <= bounds[1]:
+        raise ValueError(f"{name} = {value} is outside the C type's range [{bounds[0]}, {bounds[1]}]")
+    return value
+
+
+def _float32(name, value):
+    """value for a C float: a real number that float32 holds, and not rounded to 0 (which means "none")."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    single = np.float32(value) if abs(float(value)) <= np.finfo(np.float32).max else np.float32(np.inf)
+    if np.isfinite(float(value)) and not np.isfinite(single):
+        raise ValueError(f"{name} = {value!r} is beyond float32's range")
+    if float(value) != 0.0 and single == 0.0:
+        raise ValueError(f"{name} = {value!r} rounds to 0 as a float32, which would mean none (or the default)")
+    return float(single)
+
+
+def _text(name, value):
+    """value as bytes for a C string: no NUL inside, which would cut it short."""
+    encoded = os.fsencode(value) if not isinstance(value, bytes) else value
+    if b"\0" in encoded:
+        raise ValueError(f"{name} {value!r} holds a NUL character")
+    return encoded
+
+
+def _array(name, values):
+    if isinstance(values, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array: pass np.ma.filled(...) or a plain array")
+    return np.asarray(values)
+
+
+def _floats(array, name="x"):
+    """array (real numbers) as C-contiguous float32 and a pointer to it (keep the array alive while the pointer is
+    used)."""
+    source = _array(name, array)
+    if source.dtype.kind not in "fiub":
+        raise TypeError(f"{name} must hold real numbers, got dtype {source.dtype}")
+    with np.errstate(over="ignore"):
+        array = np.ascontiguousarray(source, dtype=np.float32)
+    if source.dtype.kind == "f" and source.dtype.itemsize > 4 and np.any(np.isinf(array) & np.isfinite(source)):
+        raise ValueError(f"{name} holds finite values beyond float32's range")
     return array, array.ctypes.data_as(_float_p)
 
 
-def _int64s(values):
-    array = np.ascontiguousarray(values, dtype=np.int64)
+def _int64s(values, name):
+    """values (integers, or an empty list) as a C-contiguous int64 array and a pointer to it."""
+    source = _array(name, values)
+    if source.size == 0:
+        source = source.astype(np.int64)
+    if source.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers within int64, got dtype {source.dtype}")
+    if source.dtype.kind == "u" and source.size and int(source.max()) > _INT64[1]:
+        raise ValueError(f"{name} holds values beyond int64")
+    array = np.ascontiguousarray(source, dtype=np.int64)
     return array, array.ctypes.data_as(_int64_p)
 
 
 class Layer:
-    """One attention layer read from safetensors (kvh_layer). Close it, or use it in a with block."""
+    """One attention layer (kvh_layer): from a safetensors file (kvh_layer_open, num_heads given), or layer
+    layer_index of a Hugging Face model folder (kvh_layer_open_model). Close it, or use it in a with block."""
 
-    def __init__(self, library, path, num_heads, num_kv_heads=0, rope_theta=0.0, scale=0.0, prefix=None, threads=0,
-                 kv_dtype="f32", precision="f32", sliding_window=0, kv_block_size=0):
-        self._lib, c, self._handle = library, library._c, None
+    def __init__(self, library, path, num_heads=0, num_kv_heads=0, rope_theta=0.0, scale=0.0, prefix=None,
+                 threads=0, kv_dtype="f32", precision="f32", sliding_window=0, kv_block_size=0, logit_softcap=0.0,
+                 sinks=None, layer_index=None):
+        self._handle = None
+        self._lib, c = library, library._c
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
         options = _LayerOptions()
         c.kvh_layer_options_init_sized(ctypes.byref(options), ctypes.sizeof(options))
-        options.num_heads, options.num_kv_heads, options.threads = num_heads, num_kv_heads, threads
+        options.num_heads = _integer("num_heads", num_heads, _INT32)
+        options.num_kv_heads = _integer("num_kv_heads", num_kv_heads, _INT32)
+        options.threads = _integer("threads", threads, _INT32)
         options.kv_dtype, options.precision = KV_DTYPES[kv_dtype], PRECISIONS[precision]
-        options.rope_theta, options.scale, options.sliding_window = rope_theta, scale, sliding_window
-        options.kv_block_size = kv_block_size
-        options.prefix = prefix.encode() if prefix is not None else None
+        options.rope_theta = _float32("rope_theta", rope_theta)
+        options.scale = _float32("scale", scale)
+        options.logit_softcap = _float32("logit_softcap", logit_softcap)
+        options.sliding_window = _integer("sliding_window", sliding_window, _INT64)
+        options.kv_block_size = _integer("kv_block_size", kv_block_size, _INT32)
+        options.prefix = _text("prefix", prefix) if prefix is not None else None
+        sink_values = None
+        if sinks is not None:
+            sink_values, options.sinks = _floats(sinks, "sinks")
+            if sink_values.shape != (num_heads,):
+                raise ValueError(f"sinks has shape {sink_values.shape}; expected [num_heads = {num_heads}]")
         handle = ctypes.c_void_p()
-        library.check(c.kvh_layer_open(os.fsencode(path), ctypes.byref(options), ctypes.byref(handle)))
+        if layer_index is None:
+            library.check(c.kvh_layer_open(_text("path", path), ctypes.byref(options), ctypes.byref(handle)))
+        else:
+            library.check(c.kvh_layer_open_model(_text("folder", path), _integer("layer_index", layer_index, _INT32),
+                                                 ctypes.byref(options), ctypes.byref(handle)))
         self._handle = handle
         self.d_model = c.kvh_layer_d_model(handle)
         self.num_heads, self.num_kv_heads = c.kvh_layer_num_heads(handle), c.kvh_layer_num_kv_heads(handle)
@@ -168,7 +259,7 @@ class Layer:
         return y
 
     def close(self):
-        if self._handle:
+        if getattr(self, "_handle", None):  # also after a constructor that raised
             self._lib._c.kvh_layer_close(self._handle)
             self._handle = None
 
@@ -188,16 +279,27 @@ class Cache:
     A cache is tied to a geometry, not to a layer object: it may outlive the layer it was made from."""
 
     def __init__(self, library, layer, byte_budget, num_layers=1):
-        self._lib, self._handle = library, None
+        self._handle = None
+        self._lib = library
         handle = ctypes.c_void_p()
-        library.check(library._c.kvh_cache_create_layers(layer._handle, num_layers, byte_budget,
+        library.check(library._c.kvh_cache_create_layers(layer._handle, _integer("num_layers", num_layers, _INT32),
+                                                         _integer("byte_budget", byte_budget, _SIZE),
                                                          ctypes.byref(handle)))
         self._handle = handle
-        self.num_layers = num_layers
+        self.num_layers = library._c.kvh_cache_num_layers(handle)
+
+    def _error(self):
+        """KvheadError for a call that returned -1: INVALID_ARGUMENT once destroyed, else NOT_FOUND (an id)."""
+        if not self._handle:
+            return KvheadError(INVALID_ARGUMENT, "the cache has been destroyed")
+        return KvheadError(NOT_FOUND, self._lib._c.kvh_last_error().decode(errors="replace"))
 
     @property
     def free_tokens(self):
-        return self._lib._c.kvh_cache_free_tokens(self._handle)
+        tokens = self._lib._c.kvh_cache_free_tokens(self._handle)
+        if tokens < 0:
+            raise self._error()
+        return tokens
 
     def create(self):
         """A new empty sequence's id (ids are never reused)."""
@@ -207,33 +309,36 @@ class Cache:
 
     def fork(self, parent):
         child = ctypes.c_int64()
-        self._lib.check(self._lib._c.kvh_sequence_fork(self._handle, parent, ctypes.byref(child)))
+        self._lib.check(self._lib._c.kvh_sequence_fork(self._handle, _integer("parent", parent, _INT64),
+                                                       ctypes.byref(child)))
         return child.value
 
     def truncate(self, seq_id, length):
-        self._lib.check(self._lib._c.kvh_sequence_truncate(self._handle, seq_id, length))
+        self._lib.check(self._lib._c.kvh_sequence_truncate(self._handle, _integer("seq_id", seq_id, _INT64),
+                                                           _integer("length", length, _INT64)))
 
     def drop_outside_window(self, seq_id, window):
         """kvh_sequence_drop_outside_window: frees the leading blocks no future query of an all-sliding model
         sees; returns how many leading positions are dropped in all."""
         dropped = ctypes.c_int64()
-        self._lib.check(self._lib._c.kvh_sequence_drop_outside_window(self._handle, seq_id, window,
-                                                                      ctypes.byref(dropped)))
+        self._lib.check(self._lib._c.kvh_sequence_drop_outside_window(
+            self._handle, _integer("seq_id", seq_id, _INT64), _integer("window", window, _INT64),
+            ctypes.byref(dropped)))
         return dropped.value
 
     def length(self, seq_id):
         """The sequence's length; KvheadError (NOT_FOUND) for an unknown or freed id."""
-        length = self._lib._c.kvh_sequence_length(self._handle, seq_id)
+        length = self._lib._c.kvh_sequence_length(self._handle, _integer("seq_id", seq_id, _INT64))
         if length < 0:
-            raise KvheadError(NOT_FOUND, self._lib._c.kvh_last_error().decode(errors="replace"))
+            raise self._error()
         return length
 
     def free(self, seq_id):
-        self._lib.check(self._lib._c.kvh_sequence_free(self._handle, seq_id))
+        self._lib.check(self._lib._c.kvh_sequence_free(self._handle, _integer("seq_id", seq_id, _INT64)))
 
     def _rows(self, layer, seq_ids, num_tokens, x):
-        ids, ids_p = _int64s(seq_ids)
-        tokens, tokens_p = _int64s(num_tokens)
+        ids, ids_p = _int64s(seq_ids, "seq_ids")
+        tokens, tokens_p = _int64s(num_tokens, "num_tokens")
         if ids.shape != tokens.shape or ids.ndim != 1:
             raise ValueError("seq_ids and num_tokens must be lists of one length")
         x, x_p = _floats(x)
@@ -252,8 +357,8 @@ class Cache:
 
     def append(self, seq_ids, num_tokens):
         """Reserves num_tokens[i] new positions of seq_ids[i] in every layer (multi-layer decoding)."""
-        ids, ids_p = _int64s(seq_ids)
-        tokens, tokens_p = _int64s(num_tokens)
+        ids, ids_p = _int64s(seq_ids, "seq_ids")
+        tokens, tokens_p = _int64s(num_tokens, "num_tokens")
         if ids.shape != tokens.shape or ids.ndim != 1:
             raise ValueError("seq_ids and num_tokens must be lists of one length")
         self._lib.check(self._lib._c.kvh_sequence_append(self._handle, ids_p, tokens_p, len(ids)))
@@ -261,12 +366,13 @@ class Cache:
     def decode_layer(self, layer, layer_index, seq_ids, num_tokens, x):
         """Layer layer_index for the newest num_tokens[i] positions (reserved by append) of each sequence."""
         keep, (ids_p, tokens_p, count, x_p, y_p) = self._rows(layer, seq_ids, num_tokens, x)
-        self._lib.check(self._lib._c.kvh_decode_layer(layer._handle, self._handle, layer_index, ids_p, tokens_p,
+        self._lib.check(self._lib._c.kvh_decode_layer(layer._handle, self._handle,
+                                                      _integer("layer_index", layer_index, _INT32), ids_p, tokens_p,
                                                       count, x_p, y_p))
         return keep[3]
 
     def destroy(self):
-        if self._handle:
+        if getattr(self, "_handle", None):  # also after a constructor that raised
             self._lib._c.kvh_cache_destroy(self._handle)
             self._handle = None
 

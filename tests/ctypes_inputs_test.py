@@ -1,0 +1,102 @@
+"""tools/kvhead_ctypes.py refuses what C would wrap, truncate, cut short or read wrongly, and opens model folders.
+
+    /usr/bin/python3 tests/ctypes_inputs_test.py --library build/release/engine/libkvhead.so \\
+        --golden tests/data/golden --models tests/data/models
+
+Each check names itself; exit status 0 when all pass. Prints "SKIPPED: ..." and exits 0 without numpy, or when
+KVHEAD_SANITIZED=ON (a sanitizer build's library cannot be loaded into an uninstrumented Python).
+"""
+
+import argparse
+import os
+import sys
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--library", required=True)
+    parser.add_argument("--golden", required=True, help="tests/data/golden")
+    parser.add_argument("--models", required=True, help="tests/data/models")
+    args = parser.parse_args()
+    if os.environ.get("KVHEAD_SANITIZED") == "ON":
+        print("SKIPPED: the sanitizer build's library cannot be loaded into Python; the release build runs this")
+        return 0
+    try:
+        import numpy as np
+    except ImportError:
+        print("SKIPPED: numpy is missing (Debian: apt-get install python3-numpy)")
+        return 0
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    import kvhead_ctypes
+
+    kvhead = kvhead_ctypes.Library(args.library)
+    weights = os.path.join(args.golden, "gqa_causal_rope", "weights.safetensors")
+    failures = []
+
+    def refuses(name, error, call):
+        try:
+            call()
+        except error as raised:
+            print(f"ok: {name}: {type(raised).__name__}: {raised}")
+            return
+        except Exception as raised:  # the wrong kind of error
+            failures.append(f"{name}: {type(raised).__name__} instead of {error.__name__}: {raised}")
+            return
+        failures.append(f"{name}: accepted")
+
+    def check(name, condition):
+        print(f"{'ok' if condition else 'FAILED'}: {name}")
+        if not condition:
+            failures.append(name)
+
+    big = 1 << 64
+    with kvhead.layer(weights, 8, 2, 10000.0) as layer, kvhead.cache(layer, byte_budget=16 << 20) as cache:
+        first, second = cache.create(), cache.create()
+        x = np.random.default_rng(3).standard_normal((3, layer.d_model)).astype(np.float32)
+        cache.decode(layer, [first], [3], x)
+        # Integers C would wrap or truncate.
+        refuses("an id beyond int64 (it wrapped to a live sequence)", ValueError, lambda: cache.length(first + big))
+        refuses("a truncate length beyond int64", ValueError, lambda: cache.truncate(first, big))
+        refuses("free of an id beyond int64", ValueError, lambda: cache.free(second + big))
+        refuses("a fractional id", TypeError, lambda: cache.decode(layer, [1.9], [1], x[:1]))
+        refuses("ids given as strings", TypeError, lambda: cache.decode(layer, ["1"], [1], x[:1]))
+        refuses("a count given as a bool", TypeError, lambda: cache.append([second], [True]))
+        refuses("a layer index beyond int32", ValueError,
+                lambda: cache.decode_layer(layer, 1 << 32, [first], [1], x[:1]))
+        refuses("num_heads beyond int32", ValueError, lambda: kvhead.layer(weights, (1 << 32) + 8, 2))
+        refuses("a sliding window beyond int64", ValueError, lambda: kvhead.layer(weights, 8, 2, sliding_window=big + 3))
+        refuses("a negative byte budget", ValueError, lambda: kvhead.cache(layer, byte_budget=4 - big))
+        refuses("num_layers beyond int32", ValueError, lambda: kvhead.cache(layer, 16 << 20, num_layers=(1 << 32) + 1))
+        # Floats that round to "none" in float32, and strings C would cut at a NUL.
+        refuses("a rope_theta that rounds to 0", ValueError, lambda: kvhead.layer(weights, 8, 2, rope_theta=1e-50))
+        refuses("a scale that rounds to 0", ValueError, lambda: kvhead.layer(weights, 8, 2, scale=1e-50))
+        refuses("a path with a NUL", ValueError, lambda: kvhead.layer(weights + "\0.missing", 8, 2))
+        refuses("a prefix with a NUL", ValueError, lambda: kvhead.layer(weights, 8, 2, prefix="\0model."))
+        # Arrays that are not real numbers, or beyond float32.
+        refuses("a complex x", TypeError, lambda: layer.forward(x.astype(np.complex64)))
+        refuses("a masked x", TypeError, lambda: layer.forward(np.ma.masked_all(x.shape, dtype=np.float32)))
+        refuses("a string x", TypeError, lambda: layer.forward(x.astype(str)))
+        refuses("a float64 x beyond float32's range", ValueError, lambda: layer.forward(np.full(x.shape, 1e39)))
+        check("a float64, strided, Fortran-ordered x reads as its float32 copy",
+              np.array_equal(layer.forward(np.asfortranarray(np.repeat(x, 2, axis=0)[::2].astype(np.float64))),
+                             layer.forward(x)))
+        check("num_layers is the cache's", cache.num_layers == 1)
+    refuses("free_tokens of a destroyed cache", kvhead_ctypes.KvheadError, lambda: cache.free_tokens)
+    # A model folder's layer, against its expected output.
+    for case in ("gemma2_softcap", "gpt_oss_sinks", "qwen3_qk_norm"):
+        folder = os.path.join(args.models, case)
+        with open(os.path.join(folder, "args")) as words:
+            layer_index = int(words.read().split()[1])  # "--layer N"
+        with kvhead.model_layer(folder, layer_index) as layer:
+            inputs = np.load(os.path.join(folder, "input.npy"))
+            expected = np.load(os.path.join(folder, "expected.npy"))
+            got = layer.forward(inputs, causal=True)
+            error = float(np.max(np.abs(got - expected)) / np.max(np.abs(expected)))
+            check(f"model_layer {case}: max |y - expected| / max |expected| = {error:.2e} <= 1e-4", error <= 1e-4)
+    for failure in failures:
+        print(f"FAILED: {failure}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
