@@ -104,7 +104,10 @@ struct attention_options {
   std::optional<float> scale;
   bool causal = false;
   /// Absolute position of query row 0; default kv_len - q_len (the queries
-  /// are the last positions). Required when causal and q_len > kv_len.
+  /// are the last positions: causal aligns bottom-right, as a KV cache and
+  /// Hugging Face's decoding do, where torch's scaled_dot_product_attention
+  /// with is_causal aligns top-left: pass 0 for that). Required when causal
+  /// and q_len > kv_len.
   std::optional<std::size_t> q_offset;
   /// [batch] visible key counts (each <= kv_len); null: kv_len for all.
   const std::size_t* valid_len = nullptr;
