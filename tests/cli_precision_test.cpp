@@ -132,6 +132,27 @@ TEST_CASE("precision_bf16_same_bits_for_threads_and_decode_chunks") {
   }
 }
 
+// A configuration of the avx2 path forced on an AVX-512 CPU (to reproduce
+// a Zen 3's results) runs bf16 as that path's CPUs do, on the fp32 fallback:
+// the bits of KVHEAD_ISA=avx2, not the avx512bf16 unit's.
+TEST_CASE("precision_bf16_under_a_lower_configuration_is_that_paths") {
+  const std::vector<simd_path> paths = supported_simd_paths();
+  if (std::find(paths.begin(), paths.end(), simd_path::avx512) == paths.end() ||
+      std::find(paths.begin(), paths.end(), simd_path::avx2) == paths.end()) {
+    MESSAGE("SKIPPED: needs a CPU running both the avx512 and avx2 paths");
+    return;
+  }
+  scratch_dir dir;
+  const std::string name = "gqa_causal_rope";
+  const std::vector<std::string> flags = join({"run", "--weights", golden(name, "weights.safetensors"), "--input",
+                                               golden(name, "input.npy"), "--precision", "bf16"},
+                                              golden_args(name));
+  const std::string configured = dir.file("configured.npy"), forced = dir.file("forced.npy");
+  expect_clean_success(join(flags, {"--output", configured}), {"KVHEAD_CONFIG=avx2-zen3", "KVHEAD_ISA="});
+  expect_clean_success(join(flags, {"--output", forced}), {"KVHEAD_ISA=avx2"});
+  CHECK(read_bytes(configured) == read_bytes(forced));
+}
+
 TEST_CASE("precision_must_be_known") {
   for (const char* command : {"run", "decode"})
     for (const char* text : {"fp16", "BF16", "", "all"}) {

@@ -29,8 +29,10 @@ struct bf16_isa_request {
   bool named;  // KVHEAD_ISA names the unit itself (amx or avx512bf16): it must then work
 };
 
-/// amx when KVHEAD_ISA is unset; the unit it names (amx, avx512bf16); the
-/// fp32 fallback when it names an fp32 path (avx512, avx2, sse2). Throws
+/// amx when KVHEAD_ISA is unset (the fp32 fallback when KVHEAD_CONFIG names a
+/// configuration of a path below avx512 on an AVX-512 CPU); the unit it names
+/// (amx, avx512bf16); the fp32 fallback when it names an fp32 path (avx512,
+/// avx2, sse2). Throws
 /// std::runtime_error as active_simd_path() does (an unknown name, a path or
 /// unit this CPU cannot run).
 bf16_isa_request bf16_request_from_isa_variable();

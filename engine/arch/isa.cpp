@@ -160,7 +160,13 @@ const bf16_hardware& host_bf16_hardware() {
 
 bf16_isa_request bf16_request_from_isa_variable() {
   const char* forced = std::getenv("KVHEAD_ISA");
-  if (forced == nullptr || *forced == '\0') return {bf16_isa_limit::amx, false};
+  if (forced == nullptr || *forced == '\0') {
+    // The bf16 units run on the avx512 path's registers: a configuration of a
+    // lower path (KVHEAD_CONFIG) on an AVX-512 CPU takes the fp32 fallback, as
+    // that path's CPUs do, so that it reproduces their bits in bf16 too.
+    const bool lowered = active_simd_path() != simd_path::avx512 && path_runs_here(simd_path::avx512);
+    return {lowered ? bf16_isa_limit::fp32_fallback : bf16_isa_limit::amx, false};
+  }
   const std::string_view name(forced);
   for (const bf16_level& level : bf16_levels) {
     if (name != level.name) continue;

@@ -122,9 +122,14 @@ struct bf16_choice {
 
 bf16_choice choose() {
   const bf16_isa_request request = bf16_request_from_isa_variable();
-  if (request.limit == bf16_isa_limit::fp32_fallback)
-    return {bf16_unit::fp32_fallback,
-            std::string("KVHEAD_ISA=") + std::getenv("KVHEAD_ISA") + " limits bf16 to the fp32 fallback"};
+  if (request.limit == bf16_isa_limit::fp32_fallback) {
+    const char* isa = std::getenv("KVHEAD_ISA");
+    return {bf16_unit::fp32_fallback, isa != nullptr && *isa != '\0'
+                                          ? std::string("KVHEAD_ISA=") + isa + " limits bf16 to the fp32 fallback"
+                                          : std::string("KVHEAD_CONFIG=") + std::getenv("KVHEAD_CONFIG") +
+                                                " sets the SIMD path " + to_string(active_simd_path()) +
+                                                ", which has no bf16 unit: the fp32 fallback, as on its CPUs"};
+  }
   std::string reason;
   for (bf16_unit unit : {bf16_unit::amx, bf16_unit::avx512bf16}) {
     if (unit == bf16_unit::amx && request.limit != bf16_isa_limit::amx) {
