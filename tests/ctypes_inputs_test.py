@@ -13,7 +13,7 @@ import sys
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--library", required=True)
     parser.add_argument("--golden", required=True, help="tests/data/golden")
     parser.add_argument("--models", required=True, help="tests/data/models")

@@ -14,7 +14,7 @@ import sys
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--library", help="libkvhead.so (default: $KVHEAD_LIBRARY, else libkvhead.so.0)")
     parser.add_argument("--weights", required=True)
     parser.add_argument("--heads", type=int, required=True)

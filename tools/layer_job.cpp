@@ -217,8 +217,14 @@ std::string layer_job_help(const char* causal_line) {
       "     non-finite --scale, a negative or non-finite --rope-theta, an unknown --precision.\n"
       "\n"
       "environment:\n"
-      "  KVHEAD_ISA=avx512|avx2|sse2   force a SIMD path (default: the best this CPU and OS\n"
-      "                                run); an unknown or unsupported path is error 1.\n";
+      "  KVHEAD_ISA=amx|avx512bf16|avx512|avx2|sse2\n"
+      "                                force a SIMD path, or the avx512 path with that bf16\n"
+      "                                unit (default: the best this CPU and OS run); an unknown\n"
+      "                                or unsupported name is error 1.\n"
+      "  KVHEAD_CONFIG=<name>          force a kernel configuration row (kvhead kernels lists\n"
+      "                                them) and its SIMD path.\n"
+      "  KVHEAD_REDUCTION=fixed|fastest  how a split key range is merged: fixed (default,\n"
+      "                                bit-identical for any thread count) or fastest.\n";
   return text;
 }
 

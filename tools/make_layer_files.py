@@ -33,7 +33,7 @@ def write_safetensors(path, tensors):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--d-model", type=int, required=True)
     parser.add_argument("--heads", type=int, required=True)
