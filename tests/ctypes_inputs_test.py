@@ -18,15 +18,13 @@ def main():
     parser.add_argument("--golden", required=True, help="tests/data/golden")
     parser.add_argument("--models", required=True, help="tests/data/models")
     args = parser.parse_args()
-    if os.environ.get("KVHEAD_SANITIZED") == "ON":
-        print("SKIPPED: the sanitizer build's library cannot be loaded into Python; the release build runs this")
-        return 0
-    try:
-        import numpy as np
-    except ImportError:
-        print("SKIPPED: numpy is missing (Debian: apt-get install python3-numpy)")
-        return 0
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    from kvhead_example import skip_reason
+    reason = skip_reason()
+    if reason is not None:
+        print(f"SKIPPED: {reason}")
+        return 0
+    import numpy as np
     import kvhead_ctypes
 
     kvhead = kvhead_ctypes.Library(args.library)

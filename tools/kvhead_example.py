@@ -13,6 +13,18 @@ import os
 import sys
 
 
+def skip_reason():
+    """Why the ctypes wrapper cannot run here, or None: a sanitizer build's library cannot be loaded into an
+    uninstrumented Python (KVHEAD_SANITIZED=ON), and the wrapper needs numpy."""
+    if os.environ.get("KVHEAD_SANITIZED") == "ON":
+        return "the sanitizer build's library cannot be loaded into Python; the release build runs this"
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return "numpy is missing (Debian: apt-get install python3-numpy)"
+    return None
+
+
 def main():
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--library", help="libkvhead.so (default: $KVHEAD_LIBRARY, else libkvhead.so.0)")
@@ -22,14 +34,11 @@ def main():
     parser.add_argument("--rope-theta", type=float, default=0.0)
     parser.add_argument("--prefix")
     args = parser.parse_args()
-    if os.environ.get("KVHEAD_SANITIZED") == "ON":
-        print("SKIPPED: the sanitizer build's library cannot be loaded into Python; the release build runs this")
+    reason = skip_reason()
+    if reason is not None:
+        print(f"SKIPPED: {reason}")
         return 0
-    try:
-        import numpy as np
-    except ImportError:
-        print("SKIPPED: numpy is missing (Debian: apt-get install python3-numpy)")
-        return 0
+    import numpy as np
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import kvhead_ctypes
 
