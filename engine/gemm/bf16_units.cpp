@@ -124,9 +124,10 @@ bf16_choice choose() {
   const bf16_isa_request request = bf16_request_from_isa_variable();
   if (request.limit == bf16_isa_limit::fp32_fallback) {
     const char* isa = std::getenv("KVHEAD_ISA");
+    const char* config = std::getenv("KVHEAD_CONFIG");  // what lowered the path when KVHEAD_ISA did not
     return {bf16_unit::fp32_fallback, isa != nullptr && *isa != '\0'
                                           ? std::string("KVHEAD_ISA=") + isa + " limits bf16 to the fp32 fallback"
-                                          : std::string("KVHEAD_CONFIG=") + std::getenv("KVHEAD_CONFIG") +
+                                          : std::string("KVHEAD_CONFIG=") + (config != nullptr ? config : "") +
                                                 " sets the SIMD path " + to_string(active_simd_path()) +
                                                 ", which has no bf16 unit: the fp32 fallback, as on its CPUs"};
   }
