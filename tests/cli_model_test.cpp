@@ -141,6 +141,22 @@ TEST_CASE("model_folder_errors") {
     fs::remove(fs::path(folder) / "model.safetensors");
     expect_model_failure(folder, "0", exit_failure, {"model.safetensors"});
   }
+  SUBCASE("the output is one of the folder's files") {
+    const std::string folder = copy_case(dir, "llama3_sharded");
+    const std::string input = (fs::path(folder) / "input.npy").string();
+    for (const char* file : {"config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors"}) {
+      CAPTURE(file);
+      const std::string output = (fs::path(folder) / file).string(), bytes = read_bytes(output);
+      const cli_result result = run_kvhead(with({"run", "--output", output}, model_flags(folder, "2", input)));
+      CHECK(result.exit_code == exit_failure);
+      CHECK(result.err.find("is a file that --model names, which this command reads") != std::string::npos);
+      CHECK(read_bytes(output) == bytes);
+    }
+    // Any other name in the folder is an ordinary output, written again on a second run.
+    const std::string output = (fs::path(folder) / "y.npy").string();
+    for (int run = 0; run < 2; ++run)
+      CHECK(run_kvhead(with({"run", "--output", output}, model_flags(folder, "2", input))).exit_code == 0);
+  }
   SUBCASE("a shard named in the index but absent") {
     const std::string folder = copy_case(dir, "llama3_sharded");
     fs::remove(fs::path(folder) / "model-00002-of-00002.safetensors");

@@ -339,6 +339,21 @@ TEST_CASE("output_not_writable") {
     check_failure(result, exit_failure, {output, "does not exist"});
     CHECK(!fs::exists(dir.file("no-such-dir")));
   }
+  SUBCASE("the input or the weights") {
+    // Copies, so that a failure of the check cannot damage the goldens.
+    const std::string weights = dir.file("w.safetensors"), input = dir.file("x.npy");
+    fs::copy_file(golden(base_case, "weights.safetensors"), weights);
+    fs::copy_file(golden(base_case, "input.npy"), input);
+    const std::string weights_bytes = read_bytes(weights), input_bytes = read_bytes(input);
+    const std::vector<std::string> flags = concat({"--weights", weights, "--input", input}, golden_args(base_case));
+    for (const std::string& output : {input, weights, dir.file("./x.npy")}) {
+      CAPTURE(output);
+      check_failure(run_kvhead(concat({"run", "--output", output}, flags)), exit_failure,
+                    {output, "this command reads: the output would destroy it"});
+    }
+    CHECK(read_bytes(weights) == weights_bytes);
+    CHECK(read_bytes(input) == input_bytes);
+  }
   SUBCASE("a folder") {
     const std::string output = dir.file("folder");
     fs::create_directory(output);

@@ -5,6 +5,7 @@
 
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <bit>
 #include <csignal>
@@ -16,6 +17,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/io/npy.hpp"
@@ -334,13 +336,53 @@ TEST_CASE("npy: write replaces an existing file atomically") {
   CHECK(dir.entries() == std::vector<std::string>{"out.npy"});
 }
 
+TEST_CASE("npy: write follows a symbolic link, writes a device or FIFO in place, takes the longest names") {
+  temp_dir dir;
+  const std::vector<float> values = {1.5f, 2.5f};
+  // A link to an existing file: the file is replaced, the link stays a link.
+  write_file(dir.file("real.npy"), "old");
+  std::filesystem::create_symlink("real.npy", dir.file("link.npy"));
+  write_npy(dir.file("link.npy"), {2}, values.data());
+  CHECK(std::filesystem::is_symlink(dir.file("link.npy")));
+  CHECK(read_npy(dir.file("real.npy")).values == values);
+  CHECK(dir.entries() == std::vector<std::string>{"link.npy", "real.npy"});
+
+  // A character device: written in place, still a device afterwards (renaming
+  // over it would have replaced the node with a regular file).
+  write_npy("/dev/null", {2}, values.data());
+  struct stat device {};
+  REQUIRE(::stat("/dev/null", &device) == 0);
+  CHECK(S_ISCHR(device.st_mode));
+
+  // A FIFO: its reader gets the whole file, the FIFO stays.
+  const std::string fifo = dir.file("pipe");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::string received;
+  std::thread reader([&] { received = read_file(fifo); });
+  write_npy(fifo, {2}, values.data());
+  reader.join();
+  write_file(dir.file("copy.npy"), received);
+  CHECK(read_npy(dir.file("copy.npy")).values == values);
+  struct stat pipe {};
+  REQUIRE(::stat(fifo.c_str(), &pipe) == 0);
+  CHECK(S_ISFIFO(pipe.st_mode));
+
+  // A name at the file system's limit: its temporary's name is shortened.
+  const long name_max = ::pathconf(dir.path().c_str(), _PC_NAME_MAX);
+  REQUIRE(name_max > 4);
+  const std::string longest(std::size_t(name_max) - 4, 'n');
+  write_npy(dir.file(longest + ".npy"), {2}, values.data());
+  CHECK(read_npy(dir.file(longest + ".npy")).values == values);
+  CHECK(dir.entries().size() == 5);  // nothing else left behind
+}
+
 TEST_CASE("npy: failed writes leave the existing target untouched") {
   temp_dir dir;
   const float value = 1.0f;
-  // The target is a directory: the final rename fails.
+  // The target is a directory: refused before anything is written.
   std::filesystem::create_directory(dir.file("target.npy"));
   write_file(dir.file("target.npy/keep"), "keep");
-  CHECK_THROWS_WITH_AS(write_npy(dir.file("target.npy"), {1}, &value), doctest::Contains("cannot rename"), file_error);
+  CHECK_THROWS_WITH_AS(write_npy(dir.file("target.npy"), {1}, &value), doctest::Contains("is a directory"), file_error);
   CHECK(read_file(dir.file("target.npy/keep")) == "keep");
   CHECK(dir.entries() == std::vector<std::string>{"target.npy"});
 

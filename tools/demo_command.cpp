@@ -54,6 +54,7 @@
 #include <tbb/task_arena.h>
 
 #include "engine/io/file_error.hpp"
+#include "engine/io/output_file.hpp"
 #include "kvhead/attention.hpp"
 #include "kvhead/config.hpp"
 #include "kvhead/kv_cache.hpp"
@@ -298,25 +299,6 @@ class progress_line {
   clock_type::time_point drawn_;
 };
 
-/// `text` written to `path` through a temporary and a rename; file_error.
-void write_text_atomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  std::FILE* file = std::fopen(temporary.c_str(), "wb");
-  if (file == nullptr)
-    throw io::file_error(path, "cannot create " + quote_arg(temporary) + ": " + std::strerror(errno));
-  const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
-  const int error = errno;
-  if (std::fclose(file) != 0 || !written) {
-    std::remove(temporary.c_str());
-    throw io::file_error(path, std::string("cannot write: ") + std::strerror(written ? errno : error));
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int rename_error = errno;
-    std::remove(temporary.c_str());
-    throw io::file_error(path, std::string("cannot rename the temporary over it: ") + std::strerror(rename_error));
-  }
-}
-
 // --------------------------------------------------------------- the demo
 
 /// Bytes of the stack's weights as the layers store them.
@@ -519,7 +501,9 @@ demo_run run_one(const demo_options& o, precision compute, kv_dtype dtype, simd_
     std::string text = "seq,position,latency_ms\n";
     for (std::size_t step = 0; step < T; ++step)
       for (std::size_t b = 0; b < B; ++b) text += format("%zu,%zu,%.4f\n", b, P + step, latency[step] * 1e3);
-    write_text_atomically(*o.csv, text);
+    io::output_file file(*o.csv);
+    file.write(text.data(), text.size());
+    file.commit();
   }
   if (exact && differing != 0)
     throw std::runtime_error("the cached decode and the recomputed one differ in " + std::to_string(differing) +

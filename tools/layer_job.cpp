@@ -25,6 +25,13 @@ namespace {
 // decide (a --heads that does not divide q_proj's rows is a file error).
 constexpr std::size_t max_heads = std::size_t(1) << 32;
 
+// A file a model folder's reader may open: config.json, the safetensors
+// index, a shard.
+bool model_file(const std::filesystem::path& file) {
+  const std::string name = file.filename().string();
+  return name == "config.json" || name == "model.safetensors.index.json" || file.extension() == ".safetensors";
+}
+
 /// [batch, seq, d_model] or [seq, d_model] (batch 1), at least one token.
 input_dims check_input(const std::string& path, const io::npy_array& input) {
   const std::vector<std::size_t>& shape = input.shape;
@@ -112,7 +119,7 @@ layer_job parse_layer_job(const parsed_flags& flags) {
   return job;
 }
 
-void check_output_path(const std::string& output) {
+void check_output_path(const std::string& output, std::initializer_list<read_path> inputs) {
   namespace fs = std::filesystem;
   std::error_code error;
   const fs::path path(output);
@@ -120,13 +127,28 @@ void check_output_path(const std::string& output) {
   const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
   if (!fs::is_directory(folder, error))
     throw io::file_error(output, "cannot write: folder " + quote_arg(folder.string()) + " does not exist");
+  if (!fs::exists(path, error)) return;
+  for (const read_path& input : inputs) {
+    const fs::path read(input.path);
+    bool same = false;
+    if (fs::is_directory(read, error)) {
+      for (const fs::directory_entry& entry : fs::directory_iterator(read, error))
+        same = same || (model_file(entry.path()) && fs::equivalent(entry.path(), path, error));
+    } else {
+      same = fs::equivalent(read, path, error);
+    }
+    if (same)
+      throw io::file_error(output, std::string("is a file that ") + input.flag +
+                                       " names, which this command reads: the output would destroy it");
+  }
 }
 
 int run_layer_job(const layer_job& job, const layer_forward& forward) {
   // 2. An unknown or unsupported KVHEAD_ISA fails here, before any work.
   (void)active_simd_path();
   // 3. Output folder.
-  check_output_path(job.output);
+  check_output_path(job.output, {{"--input", job.input},
+                                 job.model ? read_path{"--model", *job.model} : read_path{"--weights", job.weights}});
 
   // Let the arena really have `threads` threads (oneTBB otherwise caps it at
   // the CPU count and warns on stderr).
@@ -184,7 +206,8 @@ std::string layer_job_help(const char* causal_line) {
       "                  --model the attention block's input (after the input norm), d_model =\n"
       "                  hidden_size; the output is after o_proj, before the residual add.\n"
       "  --output Y      float32 .npy written with the input's shape (an existing file is\n"
-      "                  replaced atomically; on any error it is left untouched).\n"
+      "                  replaced atomically; on any error it is left untouched; a link is\n"
+      "                  followed, a device or FIFO written in place; an input is refused).\n"
       "  --heads H       number of query heads (required without --model).\n"
       "  --kv-heads G    number of key/value heads; default rows of k_proj / d. Must match the\n"
       "                  file and divide H (G = H: MHA, G = 1: MQA).\n";
@@ -211,7 +234,8 @@ std::string layer_job_help(const char* causal_line) {
       "  1  file or data error, the message names the file: missing or unreadable file, bad\n"
       "     format, wrong dtype or rank, no tokens, d_model of the input differs from the\n"
       "     weights, H not a multiple of G, --kv-heads disagreeing with the file, odd d with\n"
-      "     RoPE, a prefix matching no tensor, an output that cannot be written, out of memory.\n"
+      "     RoPE, a prefix matching no tensor, an output that cannot be written or that is\n"
+      "     one of the input files, out of memory.\n"
       "  2  usage error: unknown flag, missing required flag, flag given twice or missing its\n"
       "     value, a value that is not a number, a count <= 0 (or --threads > 1024), a\n"
       "     non-finite --scale, a negative or non-finite --rope-theta, an unknown --precision.\n"

@@ -6,12 +6,7 @@
 // allocated before the file size has justified it.
 #include "engine/io/npy.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cctype>
 #include <cerrno>
@@ -23,6 +18,7 @@
 #include <system_error>
 #include <utility>
 
+#include "engine/io/output_file.hpp"
 #include "engine/io/regular_file.hpp"
 
 namespace kvhead::io {
@@ -284,65 +280,6 @@ npy_array read_npy(const std::string& path) {
   return array;
 }
 
-namespace {
-
-/// The temporary being written; removed unless committed.
-class temporary_file {
- public:
-  explicit temporary_file(const std::string& target) : target_(target) {
-    static std::atomic<unsigned long> counter{0};
-    name_ = target + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-    fd_ = ::open(name_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0666);
-    if (fd_ < 0) fail("cannot create temporary file");
-  }
-
-  ~temporary_file() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(name_.c_str());
-  }
-
-  temporary_file(const temporary_file&) = delete;
-  temporary_file& operator=(const temporary_file&) = delete;
-
-  void write(const void* buffer, std::size_t size) {
-    const auto* bytes = static_cast<const unsigned char*>(buffer);
-    while (size > 0) {
-      const ssize_t done = ::write(fd_, bytes, size);
-      if (done < 0) {
-        if (errno == EINTR) continue;
-        fail("cannot write temporary file");
-      }
-      bytes += done;
-      size -= std::size_t(done);
-    }
-  }
-
-  /// Close (checked: some file systems report write errors only here), then
-  /// rename over the target.
-  void commit() {
-    const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0) fail("cannot close temporary file");
-    if (::rename(name_.c_str(), target_.c_str()) != 0) {
-      const int error = errno;
-      throw file_error(target_, "cannot rename " + quote_name(name_) + " over it: " + system_message(error));
-    }
-    committed_ = true;
-  }
-
- private:
-  [[noreturn]] void fail(const char* what) const {
-    const int error = errno;
-    throw file_error(target_, std::string(what) + " " + quote_name(name_) + ": " + system_message(error));
-  }
-
-  const std::string& target_;
-  std::string name_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
-}  // namespace
-
 void write_npy(const std::string& path, const std::vector<std::size_t>& shape, const float* values) {
   if (shape.size() > max_rank) {
     throw file_error(
@@ -374,7 +311,7 @@ void write_npy(const std::string& path, const std::vector<std::size_t>& shape, c
   preamble[8] = header.size() & 0xff;
   preamble[9] = (header.size() >> 8) & 0xff;
 
-  temporary_file file(path);
+  output_file file(path);
   file.write(preamble, preamble_size);
   file.write(header.data(), header.size());
   if constexpr (std::endian::native == std::endian::little) {

@@ -41,13 +41,11 @@ npy_array read_npy(const std::string& path);
 /// a multiple of 64 bytes and ending in '\n' as NumPy does. Rank above 64 or
 /// an element count overflowing std::size_t throws file_error.
 ///
-/// Atomic: the bytes go to "<path>.tmp.<pid>.<n>" in the same folder, every
-/// write is checked, then the temporary is renamed over `path`. On any failure
-/// the temporary is removed, an existing file at `path` is left untouched, and
-/// file_error is thrown. (No fsync: atomic against crashes of this process,
-/// not against power loss. A symbolic link at `path` is replaced, not
-/// followed.) A null `values` with a non-empty shape throws
-/// std::invalid_argument (a caller bug, not a file problem).
+/// Written whole or not at all (output_file: through a temporary renamed over
+/// `path`, which is left untouched on any failure; a symbolic link followed; a
+/// device or FIFO written in place); file_error on any failure. A null `values`
+/// with a non-empty shape throws std::invalid_argument (a caller bug, not a
+/// file problem).
 void write_npy(const std::string& path, const std::vector<std::size_t>& shape, const float* values);
 
 }  // namespace kvhead::io
