@@ -252,38 +252,66 @@ TEST_CASE("bad input: attention_layer construction and forward") {
   std::vector<float> y(x.size(), 7.0f);
   check_table(
       {
-          {"num_heads 0", construct([](config_t& c) { c.num_heads = 0; }), error_kind::invalid_argument,
+          {"num_heads 0",
+           construct([](config_t& c) { c.num_heads = 0; }),
+           error_kind::invalid_argument,
            {"attention_layer", "num_heads must be positive"}},
-          {"head_dim 0", construct([](config_t& c) { c.head_dim = 0; }), error_kind::invalid_argument,
+          {"head_dim 0",
+           construct([](config_t& c) { c.head_dim = 0; }),
+           error_kind::invalid_argument,
            {"head_dim must be positive"}},
-          {"d_model 0", construct([](config_t& c) { c.d_model = 0; }), error_kind::invalid_argument,
+          {"d_model 0",
+           construct([](config_t& c) { c.d_model = 0; }),
+           error_kind::invalid_argument,
            {"d_model must be positive"}},
-          {"heads not divisible (4 over 3)", construct([](config_t& c) { c.num_kv_heads = 3; }),
-           error_kind::invalid_argument, {"num_heads (4) is not a multiple of num_kv_heads (3)"}},
+          {"heads not divisible (4 over 3)",
+           construct([](config_t& c) { c.num_kv_heads = 3; }),
+           error_kind::invalid_argument,
+           {"num_heads (4) is not a multiple of num_kv_heads (3)"}},
           {"negative num_heads (wrapped to SIZE_MAX)",
            construct([](config_t& c) {
              c.num_heads = size_max;
              c.num_kv_heads = 1;
            }),
-           error_kind::invalid_argument, {"sizes overflow std::size_t"}},
+           error_kind::invalid_argument,
+           {"sizes overflow std::size_t"}},
           {"head_dim x d_model overflowing size_t",
            construct([](config_t& c) { c.head_dim = std::size_t(1) << 40, c.d_model = std::size_t(1) << 30; }),
-           error_kind::invalid_argument, {"sizes overflow std::size_t"}},
-          {"odd head_dim with RoPE", construct([](config_t& c) { c.head_dim = 3; }), error_kind::invalid_argument,
+           error_kind::invalid_argument,
+           {"sizes overflow std::size_t"}},
+          {"odd head_dim with RoPE",
+           construct([](config_t& c) { c.head_dim = 3; }),
+           error_kind::invalid_argument,
            {"RoPE needs an even head_dim, got 3"}},
-          {"rope_theta negative", construct([](config_t& c) { c.rope_theta = -1.0; }),
-           error_kind::invalid_argument, {"rope_theta"}},
-          {"null weight", [&] { const kvhead::attention_layer l(good, {{wq.data()}, {nullptr}, {wkv.data()}, {wo.data()}}); },
-           error_kind::invalid_argument, {"k_proj weight is null"}},
+          {"rope_theta negative",
+           construct([](config_t& c) { c.rope_theta = -1.0; }),
+           error_kind::invalid_argument,
+           {"rope_theta"}},
+          {"null weight",
+           [&] {
+             const kvhead::attention_layer l(good, {{wq.data()}, {nullptr}, {wkv.data()}, {wo.data()}});
+           },
+           error_kind::invalid_argument,
+           {"k_proj weight is null"}},
           {"batch x seq x d_model overflowing size_t",
-           [&] { layer.forward(x.data(), size_max / 4, 3, y.data()); }, error_kind::invalid_argument,
+           [&] { layer.forward(x.data(), size_max / 4, 3, y.data()); },
+           error_kind::invalid_argument,
            {"batch 4611686018427387903 x seq 3", "overflows std::size_t"}},
-          {"batch x seq overflowing size_t", [&] { layer.forward(x.data(), size_max / 2, 5, y.data()); },
-           error_kind::invalid_argument, {"overflows std::size_t"}},
-          {"x null", [&] { layer.forward(nullptr, 3, 5, y.data()); }, error_kind::invalid_argument,
-           {"x or y is null"}},
+          {"batch x seq overflowing size_t",
+           [&] { layer.forward(x.data(), size_max / 2, 5, y.data()); },
+           error_kind::invalid_argument,
+           {"overflows std::size_t"}},
+          // 2^58 rows of 32 floats: the floats fit a size_t, their bytes do not.
+          {"batch x seq x row width in bytes overflowing size_t",
+           [&] { layer.forward(x.data(), std::size_t(1) << 29, std::size_t(1) << 29, y.data()); },
+           error_kind::invalid_argument,
+           {"batch 536870912 x seq 536870912 x row width 32", "overflows std::size_t"}},
+          {"x null", [&] { layer.forward(nullptr, 3, 5, y.data()); }, error_kind::invalid_argument, {"x or y is null"}},
       },
       [&] { return bits_text(y); });
+  // Every refusal above left the layer and this thread's scratch working.
+  layer.forward(x.data(), 3, 5, y.data());
+  CHECK(std::all_of(y.begin(), y.end(), [](float value) { return std::isfinite(value) && value != 7.0f; }));
 }
 
 // -------------------------------------------------------------------- cache

@@ -3,6 +3,7 @@
 // it fails on demand on one thread and counts the bytes held.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <latch>
 #include <new>
@@ -12,6 +13,7 @@
 
 #include <tbb/task_arena.h>
 
+#include "engine/arch/aligned_buffer.hpp"
 #include "engine/arch/scratch.hpp"
 #include "kvhead/attention.hpp"
 #include "kvhead/config.hpp"
@@ -77,6 +79,16 @@ TEST_CASE("scratch: a scratch_lease whose buffer cannot grow gives its level bac
   const scratch_lease nested(floats);  // level 1
   CHECK(nested.data() != lease.data());
   (void)first;
+}
+
+TEST_CASE("scratch: a lease whose bytes overflow std::size_t throws bad_alloc and leaves a working buffer") {
+  // 2^62 floats fit a size_t, their bytes do not: no small block may be
+  // handed out for them (nor recorded as that many floats for the next lease).
+  const std::size_t floats = std::size_t(1) << 62;
+  CHECK_THROWS_AS(scratch_lease{floats}, std::bad_alloc);
+  CHECK_THROWS_AS(kvhead::engine::allocate_floats(SIZE_MAX), std::bad_alloc);
+  const scratch_lease lease(1 << 16);
+  std::memset(lease.data(), 0, (1 << 16) * sizeof(float));  // ASan: the whole block is there
 }
 
 TEST_CASE("scratch: attention_layer::forward under failing allocations throws bad_alloc, then works") {

@@ -26,7 +26,9 @@ struct float_storage_delete {
 };
 using float_storage = std::unique_ptr<float, float_storage_delete>;
 
-/// Uninitialized storage for `count` floats (see above for the alignment).
+/// Uninitialized storage for `count` floats (see above for the alignment);
+/// std::bad_alloc when it cannot be had, a count whose bytes overflow
+/// std::size_t included.
 float_storage allocate_floats(std::size_t count);
 
 class aligned_buffer {

@@ -408,10 +408,12 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
   // qkv [batch, seq, H + 2G heads, d]: q, k and v are views into it.
   const std::size_t width = impl_->qkv_width();
   const std::optional<std::size_t> checked_rows = engine::checked_product({batch, seq});
-  engine::require(checked_rows && engine::checked_product({*checked_rows, std::max(width, config.d_model)}), [&] {
-    return "attention_layer::forward: batch " + std::to_string(batch) + " x seq " + std::to_string(seq) +
-           " x row width " + std::to_string(std::max(width, config.d_model)) + " overflows std::size_t";
-  });
+  engine::require(
+      checked_rows && engine::checked_product({*checked_rows, std::max(width, config.d_model), sizeof(float)}), [&] {
+        return "attention_layer::forward: batch " + std::to_string(batch) + " x seq " + std::to_string(seq) +
+               " x row width " + std::to_string(std::max(width, config.d_model)) +
+               " floats overflows std::size_t bytes";
+      });
   const std::size_t rows = *checked_rows;
   if (rows == 0) return;
   engine::require(x != nullptr && y != nullptr,
