@@ -287,6 +287,23 @@ TEST_CASE("bad input: attention_layer construction and forward") {
            construct([](config_t& c) { c.rope_theta = -1.0; }),
            error_kind::invalid_argument,
            {"rope_theta"}},
+          {"yarn at rope_theta 1 (NaN frequencies)",
+           construct([](config_t& c) {
+             c.rope_theta = 1.0;
+             c.rope_scaling.type = kvhead::rope_scaling::kind::yarn;
+             c.rope_scaling.factor = 4.0;
+             c.rope_scaling.original_max_position_embeddings = 256.0;
+           }),
+           error_kind::invalid_argument,
+           {"yarn rope_scaling needs rope_theta other than 1"}},
+          {"weights' bytes overflowing size_t (their floats fit)",
+           construct([](config_t& c) {
+             c.num_heads = c.num_kv_heads = 1;
+             c.head_dim = std::size_t(1) << 62;
+             c.d_model = 1;
+           }),
+           error_kind::invalid_argument,
+           {"sizes overflow std::size_t"}},
           {"null weight",
            [&] {
              const kvhead::attention_layer l(good, {{wq.data()}, {nullptr}, {wkv.data()}, {wo.data()}});
@@ -309,6 +326,11 @@ TEST_CASE("bad input: attention_layer construction and forward") {
           {"x null", [&] { layer.forward(nullptr, 3, 5, y.data()); }, error_kind::invalid_argument, {"x or y is null"}},
       },
       [&] { return bits_text(y); });
+  // rope_scaling is ignored without RoPE, so not checked either.
+  kvhead::attention_config no_rope = good;
+  no_rope.rope_theta = 0.0;
+  no_rope.rope_scaling.type = kvhead::rope_scaling::kind::yarn;  // original length 0: invalid with RoPE
+  CHECK_NOTHROW(kvhead::attention_layer(no_rope, weights));
   // Every refusal above left the layer and this thread's scratch working.
   layer.forward(x.data(), 3, 5, y.data());
   CHECK(std::all_of(y.begin(), y.end(), [](float value) { return std::isfinite(value) && value != 7.0f; }));

@@ -135,6 +135,14 @@ TEST_CASE("model config: rope_scaling and rope_parameters, type and rope_type, r
   json llama3 = llama();
   llama3["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}};
   CHECK(error_of(llama3).find("'rope_scaling.high_freq_factor' is missing") != std::string::npos);
+  // YaRN at theta 1 divides by ln 1 (HF: ZeroDivisionError): refused, where it
+  // gave NaN frequencies and NaN outputs. Plain RoPE at theta 1 is fine.
+  json yarn_theta_1 = old_style;
+  yarn_theta_1["rope_theta"] = 1.0;
+  CHECK(error_of(yarn_theta_1).find("needs rope_theta other than 1") != std::string::npos);
+  json plain_theta_1 = llama();
+  plain_theta_1["rope_theta"] = 1.0;
+  CHECK(spec_of(plain_theta_1).config.rope_theta == 1.0);
 }
 
 TEST_CASE("model config: each family's twists") {

@@ -74,7 +74,7 @@ TEST_CASE("rope scaling: inverse frequencies and attention factor equal HF's for
       for (int trial = 0; trial < 20; ++trial) {
         const auto [v, s] = random_variant(kind, r, generator);
         INFO("kind " << int(kind) << " rotary_dim " << r << " trial " << trial);
-        REQUIRE(kvhead::engine::rope_scaling_problem(s).empty());
+        REQUIRE(kvhead::engine::rope_scaling_problem(s, v.theta).empty());
         const kvhead::engine::rope_frequencies got = kvhead::engine::scaled_rope_frequencies(v.theta, r, s);
         const std::vector<double> expected = kvhead::reference::rope_inv_freq(v);
         REQUIRE(got.inv_freq.size() == expected.size());

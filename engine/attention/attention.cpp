@@ -242,14 +242,17 @@ attention_config validated(attention_config config) {
                ? "attention_layer: RoPE needs an even head_dim, got " + std::to_string(config.head_dim)
                : "attention_layer: RoPE needs an even rotary_dim, got " + std::to_string(config.rotary_dim);
   });
-  const std::string rope_problem = engine::rope_scaling_problem(config.rope_scaling);
+  // Ignored without RoPE (attention.hpp), so only checked with it.
+  const std::string rope_problem =
+      config.rope_theta == 0.0 ? std::string() : engine::rope_scaling_problem(config.rope_scaling, config.rope_theta);
   engine::require(rope_problem.empty(), [&] { return "attention_layer: " + rope_problem; });
   engine::require(!config.qk_norm_eps || (std::isfinite(*config.qk_norm_eps) && *config.qk_norm_eps >= 0.0f),
                   [&] { return std::string("attention_layer: qk_norm_eps must be finite and >= 0"); });
   validate_softcap("attention_layer", config.logit_softcap);
   const std::optional<std::size_t> qkv_width =
       engine::checked_product({config.num_heads + 2 * config.num_kv_heads, config.head_dim});
-  engine::require(config.num_heads <= SIZE_MAX / 4 && qkv_width && engine::checked_product({*qkv_width, config.d_model}),
+  engine::require(config.num_heads <= SIZE_MAX / 4 && qkv_width &&
+                      engine::checked_product({*qkv_width, config.d_model, sizeof(float)}),
                   [&] {
                     return "attention_layer: the weights' sizes overflow std::size_t (num_heads " +
                            std::to_string(config.num_heads) + ", num_kv_heads " + std::to_string(config.num_kv_heads) +

@@ -81,7 +81,7 @@ rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, c
   return result;
 }
 
-std::string rope_scaling_problem(const rope_scaling& s) {
+std::string rope_scaling_problem(const rope_scaling& s, double rope_theta) {
   using kind = rope_scaling::kind;
   if (s.type != kind::none && s.type != kind::linear && s.type != kind::llama3 && s.type != kind::yarn)
     return "rope_scaling type must be none, linear, llama3 or yarn, got " + std::to_string(int(s.type));
@@ -101,6 +101,8 @@ std::string rope_scaling_problem(const rope_scaling& s) {
     if (!(s.beta_fast > 0.0 && s.beta_slow > 0.0)) return "yarn rope_scaling beta_fast and beta_slow must be positive";
     if (s.attention_factor && !(std::isfinite(*s.attention_factor) && *s.attention_factor > 0.0))
       return "yarn rope_scaling attention_factor must be positive and finite";
+    // Its correction range divides by log(theta): every frequency NaN at 1.
+    if (rope_theta == 1.0) return "yarn rope_scaling needs rope_theta other than 1 (it divides by log(rope_theta))";
   }
   return "";
 }

@@ -21,8 +21,9 @@ struct rope_frequencies {
 /// inv_freq_i = pow(theta, -2i / rotary_dim) exactly.
 rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, const rope_scaling& scaling);
 
-/// The first problem of `scaling` (a non-finite number, factor <= 0, ...),
-/// or an empty string when there is none.
-std::string rope_scaling_problem(const rope_scaling& scaling);
+/// The first problem of `scaling` for RoPE of base `rope_theta` (a
+/// non-finite number, factor <= 0, yarn at theta 1, ...), or an empty string
+/// when there is none.
+std::string rope_scaling_problem(const rope_scaling& scaling, double rope_theta);
 
 }  // namespace kvhead::engine

@@ -205,7 +205,8 @@ KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_te
 ///           are non-zero, else mscale(factor, 1), where
 ///           mscale(s, m) = 1 for s <= 1, else 0.1 m ln(s) + 1.
 /// Defaults are those of HF; every number must be finite, factor > 0 (>= 1
-/// for llama3), and the original length > 0 for llama3 and yarn.
+/// for llama3), the original length > 0 for llama3 and yarn, and yarn's
+/// rope_theta not 1 (its range divides by ln theta).
 struct rope_scaling {
   enum class kind { none, linear, llama3, yarn };
   kind type = kind::none;
