@@ -363,6 +363,24 @@ TEST_CASE("attention: a query with no visible key gives zeros, and zero-length k
   }
 }
 
+TEST_CASE("attention: zero keys with null K and V give zeros (no arithmetic on the null pointers)") {
+  // kv_len 0 allows null k and v (attention.hpp); under UBSan any offset
+  // added to them is an error.
+  const attention_dims dims{2, 4, 2, 3, 0, 8};
+  const std::vector<float> q(dims.batch * dims.num_heads * dims.q_len * dims.head_dim, 0.5f);
+  for (const kvhead::precision precision : {kvhead::precision::f32, kvhead::precision::bf16}) {
+    std::vector<float> out(q.size(), 7.0f);
+    kvhead::attention_options options;
+    options.precision = precision;
+    kvhead::scaled_dot_product_attention(
+        dims, head_tensor<const float>::bshd(q.data(), dims.num_heads, dims.q_len, dims.head_dim),
+        head_tensor<const float>::bshd(nullptr, dims.num_kv_heads, 0, dims.head_dim),
+        head_tensor<const float>::bshd(nullptr, dims.num_kv_heads, 0, dims.head_dim),
+        head_tensor<float>::bshd(out.data(), dims.num_heads, dims.q_len, dims.head_dim), options);
+    for (float x : out) CHECK(x == 0.0f);
+  }
+}
+
 TEST_CASE("attention: NaN in a key reaches only the queries that see it") {
   std::mt19937 generator(9);
   sdpa_setup setup;

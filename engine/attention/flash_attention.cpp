@@ -925,7 +925,9 @@ void flash_attention(const attention_problem& problem) {
   const std::size_t key_floats = slot_floats(dims.head_dim, kv_chunk);
   const std::size_t value_floats = pack_values ? slot_floats(kv_chunk, dims.head_dim) : 0;
   const scratch_lease packed_keys(work->packs.size() * key_floats), packed_values(work->packs.size() * value_floats);
+  // (K and V may be null when there are no keys: no offset then.)
   auto head_rows = [&](const head_tensor<const float>& tensor, std::size_t index) {
+    if (tensor.data == nullptr) return tensor.data;
     return tensor.data + index / dims.num_kv_heads * tensor.batch_stride +
            index % dims.num_kv_heads * tensor.head_stride;
   };
