@@ -18,7 +18,9 @@
 #include <iterator>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/io/layer_loader.hpp"
@@ -326,6 +328,23 @@ TEST_CASE("bad input: attention_layer construction and forward") {
           {"x null", [&] { layer.forward(nullptr, 3, 5, y.data()); }, error_kind::invalid_argument, {"x or y is null"}},
       },
       [&] { return bits_text(y); });
+  // A moved-from layer refuses every use by name (it crashed).
+  kvhead::attention_layer moved(good, weights);
+  const kvhead::attention_layer taken(std::move(moved));
+  CHECK_THROWS_WITH_AS(moved.config(), doctest::Contains("attention_layer::config: the layer was moved from"),
+                       std::logic_error);
+  CHECK_THROWS_WITH_AS(moved.forward(x.data(), 3, 5, y.data()), doctest::Contains("was moved from"), std::logic_error);
+  CHECK_THROWS_WITH_AS(moved.forward(x.data(), 3, 5, false, y.data()), doctest::Contains("was moved from"),
+                       std::logic_error);
+  kvhead::kv_cache cache({1, kv_heads, head_dim, 16, std::size_t(1) << 20});
+  const kvhead::sequence_id id = cache.create();
+  cache.append(id, 1);
+  CHECK_THROWS_WITH_AS(moved.forward(cache, 0, {{id, 1}}, x.data(), y.data()),
+                       doctest::Contains("attention_layer::forward (cache): the layer was moved from"),
+                       std::logic_error);
+  moved = kvhead::attention_layer(good, weights);  // assigned to: usable again
+  CHECK(moved.config().num_heads == heads);
+  CHECK(taken.config().num_heads == heads);
   // rope_scaling is ignored without RoPE, so not checked either.
   kvhead::attention_config no_rope = good;
   no_rope.rope_theta = 0.0;

@@ -390,7 +390,7 @@ attention_layer::~attention_layer() = default;
 attention_layer::attention_layer(attention_layer&&) noexcept = default;
 attention_layer& attention_layer::operator=(attention_layer&&) noexcept = default;
 
-const attention_config& attention_layer::config() const { return impl_->config; }
+const attention_config& attention_layer::config() const { return impl::of(impl_, "attention_layer::config").config; }
 
 namespace {
 
@@ -402,11 +402,11 @@ struct forward_workspace {
 }  // namespace
 
 void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq, float* y) const {
-  forward(x, batch, seq, impl_->config.causal, y);
+  forward(x, batch, seq, impl::of(impl_, "attention_layer::forward").config.causal, y);
 }
 
 void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq, bool causal, float* y) const {
-  const attention_config& config = impl_->config;
+  const attention_config& config = impl::of(impl_, "attention_layer::forward").config;
   const std::size_t head_dim = config.head_dim, heads = config.num_heads, kv_heads = config.num_kv_heads;
   // qkv [batch, seq, H + 2G heads, d]: q, k and v are views into it.
   const std::size_t width = impl_->qkv_width();

@@ -5,7 +5,10 @@
 
 #include <cstddef>
 #include <initializer_list>
+#include <memory>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <variant>
 #include <vector>
 
@@ -72,6 +75,13 @@ struct attention_layer::impl {
   /// qkv rounded to bf16 (the inputs of q kᵀ and p v, and what a KV cache
   /// stores).
   void project(const float* x, std::size_t rows, const std::size_t* positions, float* qkv) const;
+
+  /// `layer`'s impl; std::logic_error naming `where` when the layer was moved
+  /// from (its impl is gone: using it is a caller bug, not a crash).
+  static const impl& of(const std::unique_ptr<impl>& layer, const char* where) {
+    if (layer == nullptr) throw std::logic_error(std::string(where) + ": the layer was moved from");
+    return *layer;
+  }
 };
 
 }  // namespace kvhead

@@ -277,9 +277,9 @@ void cached_attention(const kv_cache& cache, std::size_t layer, const std::vecto
 void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vector<sequence_tokens>& batch,
                               const float* x, float* y) const {
   using namespace engine;
-  const attention_config& config = impl_->config;
-  const kv_cache_config& geometry = cache.config();
   const char* const call = "attention_layer::forward (cache)";  // no allocation unless it fails
+  const attention_config& config = impl::of(impl_, call).config;
+  const kv_cache_config& geometry = cache.config();
   const char* const where = "attention_layer::forward (cache): ";
   require(geometry.num_kv_heads == config.num_kv_heads && geometry.head_dim == config.head_dim, [&] {
     return where + ("the cache holds " + std::to_string(geometry.num_kv_heads) + " kv heads of dim " +

@@ -334,6 +334,8 @@ class KVHEAD_API attention_layer {
   /// not finite, a precision other than f32 or bf16.
   attention_layer(const attention_config& config, const attention_weights& weights);
   ~attention_layer();
+  /// A moved-from layer may be destroyed or assigned to; any other use
+  /// throws std::logic_error.
   attention_layer(attention_layer&&) noexcept;
   attention_layer& operator=(attention_layer&&) noexcept;
 
