@@ -1,8 +1,11 @@
 #include "engine/scheduler/arena.hpp"
 
+#include <algorithm>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+
+#include <tbb/info.h>
 
 #include "kvhead/config.hpp"
 
@@ -25,6 +28,9 @@ arena_setting& setting() {
 void set_num_threads(std::size_t threads) {
   if (threads > 4096)
     throw std::invalid_argument("set_num_threads: " + std::to_string(threads) + " threads is more than 4096");
+  // More threads than the CPUs this process may use would not run (oneTBB
+  // caps its workers there and warns on stderr): capped, as the C API does.
+  if (threads > 0) threads = std::min<std::size_t>(threads, std::size_t(std::max(1, tbb::info::default_concurrency())));
   arena_setting& current = setting();
   const std::lock_guard lock(current.mutex);
   current.threads = threads;

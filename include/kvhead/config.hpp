@@ -77,7 +77,9 @@ KVHEAD_API const char* kernel_config_name();
 
 /// Threads for kvhead's work. 0 (the default): every call runs in the
 /// caller's oneTBB task arena — all cores unless the caller made a smaller
-/// arena. n > 0: every call runs in a process-wide task arena of n threads.
+/// arena. n > 0: every call runs in a process-wide task arena of n threads,
+/// at most as many as the CPUs this process may use (more would not run:
+/// capped there, and num_threads() returns the threads the arena has).
 /// Nothing in kvhead starts threads of its own either way. Results never
 /// depend on the thread count. Throws std::invalid_argument above 4096.
 KVHEAD_API void set_num_threads(std::size_t threads);
