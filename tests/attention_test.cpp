@@ -3,6 +3,7 @@
 // and both activation layouts; with logit soft-capping and attention sinks.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -378,6 +379,69 @@ TEST_CASE("attention: zero keys with null K and V give zeros (no arithmetic on t
         head_tensor<const float>::bshd(nullptr, dims.num_kv_heads, 0, dims.head_dim),
         head_tensor<float>::bshd(out.data(), dims.num_heads, dims.q_len, dims.head_dim), options);
     for (float x : out) CHECK(x == 0.0f);
+  }
+}
+
+TEST_CASE("attention: a NaN value behind an additive -inf mask reaches the row wherever the mask's chunk falls") {
+  // attention.hpp: a key hidden only by the additive mask contributes 0 * v.
+  // A fully masked 256-key chunk first in the row dropped its 0 * NaN.
+  const attention_dims dims{1, 1, 1, 1, 600, 4};
+  std::mt19937 generator(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(dims.head_dim), k(dims.kv_len * dims.head_dim), v(k.size());
+  for (float& x : q) x = normal(generator);
+  for (float& x : k) x = normal(generator);
+  for (float& x : v) x = normal(generator);
+  using view = head_tensor<const float>;
+  for (const auto& [masked_begin, masked_end, poisoned] :
+       {std::array<std::size_t, 3>{0, 11, 10}, {0, 256, 10}, {256, 512, 300}, {512, 600, 599}, {0, 512, 300}}) {
+    CAPTURE(masked_begin);
+    CAPTURE(masked_end);
+    std::vector<float> mask(dims.kv_len, 0.0f), poisoned_v = v, out(dims.head_dim);
+    std::fill(mask.begin() + std::ptrdiff_t(masked_begin), mask.begin() + std::ptrdiff_t(masked_end), -INFINITY);
+    poisoned_v[poisoned * dims.head_dim + 1] = NAN;
+    kvhead::attention_options options;
+    options.additive_mask = mask.data();
+    for (const int threads : {1, 2}) {
+      tbb::task_arena arena(threads);
+      arena.execute([&] {
+        kvhead::scaled_dot_product_attention(dims, view::bhsd(q.data(), 1, 1, dims.head_dim),
+                                             view::bhsd(k.data(), 1, dims.kv_len, dims.head_dim),
+                                             view::bhsd(poisoned_v.data(), 1, dims.kv_len, dims.head_dim),
+                                             head_tensor<float>::bhsd(out.data(), 1, 1, dims.head_dim), options);
+      });
+      CHECK(std::isnan(out[1]));  // the poisoned column, whatever chunk holds it
+      CHECK(std::isfinite(out[0]));
+    }
+  }
+}
+
+TEST_CASE("attention: zero outputs keep their sign for any thread count (a split key range merges exactly)") {
+  // V of -0 and the smallest negative subnormal: outputs of -0 and +0 whose
+  // sign an extra merge into the empty partial (0 * 0 + -0) used to flip.
+  const attention_dims dims{1, 1, 1, 4, 3000, 2};
+  using view = head_tensor<const float>;
+  for (unsigned seed = 0; seed < 50; ++seed) {
+    std::mt19937 generator(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> q(dims.q_len * dims.head_dim), k(dims.kv_len * dims.head_dim), v(k.size());
+    for (float& x : q) x = normal(generator);
+    for (float& x : k) x = normal(generator);
+    for (float& x : v) x = generator() % 2 != 0 ? -std::numeric_limits<float>::denorm_min() : -0.0f;
+    std::vector<float> outputs[2];
+    for (const int threads : {1, 2}) {
+      std::vector<float>& out = outputs[threads - 1];
+      out.assign(q.size(), 42.0f);
+      tbb::task_arena arena(threads);
+      arena.execute([&] {
+        kvhead::scaled_dot_product_attention(dims, view::bhsd(q.data(), 1, dims.q_len, dims.head_dim),
+                                             view::bhsd(k.data(), 1, dims.kv_len, dims.head_dim),
+                                             view::bhsd(v.data(), 1, dims.kv_len, dims.head_dim),
+                                             head_tensor<float>::bhsd(out.data(), 1, dims.q_len, dims.head_dim));
+      });
+    }
+    CAPTURE(seed);
+    CHECK(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(float)) == 0);
   }
 }
 

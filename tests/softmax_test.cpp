@@ -397,7 +397,8 @@ TEST_CASE("merge_partials with a fully masked side, every path") {
       INFO("path " << std::string(kvhead::to_string(path)) << " d=" << d);
       const softmax_partial visible{2.5f, 3.25f};
       const softmax_partial masked;
-      const std::vector<float> values = random_row(d, 4.0f, 0.0, generator);
+      std::vector<float> values = random_row(d, 4.0f, 0.0, generator);
+      values[d / 2] = -0.0f;  // kept as -0 (0 * 0 + -0 would give +0)
 
       // a masked, b visible: a becomes b, bit for bit.
       softmax_partial a = masked;
@@ -405,7 +406,14 @@ TEST_CASE("merge_partials with a fully masked side, every path") {
       merge_partials(a, acc_a.data(), visible, values.data(), d, path);
       CHECK(same_bits(a.max, visible.max));
       CHECK(same_bits(a.sum, visible.sum));
-      CHECK(acc_a == values);
+      CHECK(same_bits(acc_a.data(), values.data(), d));
+      // ...but a NaN in a's accumulator (0 * NaN from a value behind a mask) stays.
+      a = masked;
+      std::fill(acc_a.begin(), acc_a.end(), 0.0f);
+      acc_a[d - 1] = nan_value;
+      merge_partials(a, acc_a.data(), visible, values.data(), d, path);
+      CHECK(std::isnan(acc_a[d - 1]));
+      CHECK(same_bits(acc_a.data(), values.data(), d - 1));
 
       // b masked: a unchanged.
       a = visible;
@@ -415,14 +423,25 @@ TEST_CASE("merge_partials with a fully masked side, every path") {
       CHECK(same_bits(a.max, visible.max));
       CHECK(same_bits(a.sum, visible.sum));
       CHECK(same_bits(acc_a.data(), values.data(), d));
+      // ...but its NaN (0 * NaN behind the mask) joins.
+      std::vector<float> masked_nan(d, 0.0f);
+      masked_nan[0] = nan_value;
+      merge_partials(a, acc_a.data(), masked, masked_nan.data(), d, path);
+      CHECK(std::isnan(acc_a[0]));
+      CHECK(same_bits(acc_a.data() + 1, values.data() + 1, d - 1));
+      acc_a = values;
 
-      // Both masked: a and its accumulator stay exactly as they are.
+      // Both masked: a's NaN stays, and b's NaN joins it (the chunk with the
+      // masked NaN value may come first or later: the same result).
       a = masked;
       std::vector<float> untouched(d, nan_value);
       merge_partials(a, untouched.data(), masked, zeros.data(), d, path);
       CHECK(a.max == -infinity);
       CHECK(same_bits(a.sum, 0.0f));
       CHECK(std::all_of(untouched.begin(), untouched.end(), [](float x) { return std::isnan(x); }));
+      std::vector<float> clean(d, 0.0f);
+      merge_partials(a, clean.data(), masked, untouched.data(), d, path);
+      CHECK(std::all_of(clean.begin(), clean.end(), [](float x) { return std::isnan(x); }));
       // ...and normalizing it (sum 0) gives zeros.
       std::vector<float> out(d, 1.0f);
       normalize_row(zeros.data(), a.sum, out.data(), d, path);

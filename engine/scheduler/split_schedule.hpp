@@ -14,7 +14,7 @@
 // each as it goes; so does a split unit's first task, over its range, and
 // its other tasks store their per-chunk partials, which a later pass merges
 // onto the first range's. Merging a partial into the empty one leaves it
-// as it is (exp(0) is 1, and 0 * 0 + x is x for the sums, never -0), so all
+// as it is, bit for bit (merge_partials passes it through), so all
 // perform the identical sequence of floating-point operations: results are
 // bit-identical for any thread count, any split, and any order in which
 // tasks run.

@@ -126,13 +126,17 @@ void round_floats_to_bf16(const float* in, float* out, std::size_t n, simd_path 
 /// Merges partial b and its unnormalized accumulator acc_b[0:d] into a and
 /// acc_a[0:d] (split-K attention, two threads' halves of a key range):
 ///   m      = max(a.max, b.max)
-///   fa     = exp(a.max - m), fb = exp(b.max - m)  (0 for a side whose max is -inf)
+///   fa     = exp(a.max - m), fb = exp(b.max - m)
 ///   acc_a  = (acc_a * fa) + (acc_b * fb)          (two products, then one add)
 ///   a.sum  = (a.sum * fa) + (b.sum * fb)
 ///   a.max  = m
-/// When both maxima are -inf (nothing visible, or scores that were all NaN),
-/// a.max and acc_a are left as they are and a.sum = a.sum + b.sum, so a NaN
-/// sum carries on to the output. acc_b may not overlap acc_a.
+/// When a side's max is -inf (it saw nothing visible: its accumulator is
+/// 0 * v, zeros or NaN), the other side's accumulator passes through bit for
+/// bit (a -0 included) except where the masked side holds NaN, which stays;
+/// a.sum = a.sum + b.sum (a NaN sum, from scores that were all NaN, carries
+/// on) and a.max = m. So merging the empty partial changes nothing, and a NaN
+/// value behind a mask reaches the output wherever the chunk boundaries
+/// fall. acc_b may not overlap acc_a.
 void merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b, const float* acc_b, std::size_t d,
                     simd_path path = active_simd_path());
 

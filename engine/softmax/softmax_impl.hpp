@@ -318,20 +318,32 @@ void softmax_kernels<Arch>::multiply_floats(float* values, const float* factors,
 // merge_partials: acc_a[0:d], acc_b[0:d] unnormalized output rows of one
 // query over two disjoint key ranges. Factors by the same vector exp as the
 // scores, then one pass: acc_a = (acc_a * fa) + (acc_b * fb).
+// A side that saw nothing visible (the empty partial, or keys all masked)
+// holds only 0 * v in its accumulators: zeros, or NaN from a non-finite value
+// behind a mask. Then the other side passes through bit for bit (merging the
+// empty partial changes nothing, not even a -0, which x * 1 + 0 * 0 would
+// turn into +0: a split tile's extra merge would change bits) and the masked
+// side's NaN joins it, wherever the chunk boundaries fall (attention.hpp:
+// masked keys still contribute 0 * v). Its sum is 0, or NaN when its scores
+// were all NaN (the max pass skips NaN), so the sums simply add.
 template <class Arch>
 void softmax_kernels<Arch>::merge_partials(softmax_partial& a, float* acc_a, const softmax_partial& b,
                                            const float* acc_b, std::size_t d) {
   using batch = xsimd::batch<float, Arch>;
   constexpr float minus_infinity = softmax_detail::minus_infinity;
-  if (a.max == minus_infinity && b.max == minus_infinity) {
-    // Nothing visible on either side: sums are 0, or NaN when a side's scores
-    // were all NaN (the max pass skips NaN): keep the NaN so it reaches the output.
+  if (a.max == minus_infinity || b.max == minus_infinity) {
+    const bool a_masked = a.max == minus_infinity;
+    softmax_detail::map_blocks2<Arch>(acc_a, acc_b, acc_a, d, [a_masked](const batch& x, const batch& y) {
+      const batch& masked = a_masked ? x : y;
+      return xsimd::select(xsimd::isnan(masked), masked, a_masked ? y : x);
+    });
     a.sum = a.sum + b.sum;
+    a.max = a_masked ? b.max : a.max;
     return;
   }
   const float max = b.max > a.max ? b.max : a.max;
-  const float fa = a.max == minus_infinity ? 0.0f : softmax_detail::exp_scalar<Arch>(a.max - max);
-  const float fb = b.max == minus_infinity ? 0.0f : softmax_detail::exp_scalar<Arch>(b.max - max);
+  const float fa = softmax_detail::exp_scalar<Arch>(a.max - max);
+  const float fb = softmax_detail::exp_scalar<Arch>(b.max - max);
   const batch fa_v(fa), fb_v(fb);
   softmax_detail::map_blocks2<Arch>(acc_a, acc_b, acc_a, d, [&](const batch& x, const batch& y) {
     const batch x_part = x * fa_v;

@@ -37,6 +37,13 @@
 // to them (keys hidden by causality, valid_len or the window are never
 // multiplied into the output); a key hidden only by the additive mask still contributes 0 * v,
 // so a NaN or Inf value there propagates.
+// Magnitudes, as in any fp32 attention that does not rescale its inputs: a
+// score is (q . k) * scale, the dot product summed in fp32 first, so a q . k
+// beyond FLT_MAX is Inf before the scale applies, and a score that
+// overflows to -Inf counts as masked (a row of only such scores yields zeros,
+// as a row with no visible key). The output sum(exp(s - max) v) / sum(exp(s -
+// max)) is divided last, so V whose |v| times the keys seen approaches FLT_MAX
+// overflows to Inf, though the exact output is at most max |v|.
 //
 // Threads. Work runs on oneTBB in the caller's task arena (or the one
 // set_num_threads configured): to bound the threads, call from inside a
