@@ -659,6 +659,37 @@ TEST_CASE("decode with a sliding window runs past the pool's positions, the bloc
                        doctest::Contains(freed.c_str()), kvhead::kv_cache_error);
 }
 
+TEST_CASE(
+    "decode with a sliding window over each compressed dtype: one long prefill equals single steps, bit for bit") {
+  // A 300-token forward over 16-token blocks: rows of one tile see different
+  // key ranges, some none of a chunk whose first visible key lies past the
+  // chunk's first block (the int8 path took an offset from there: UBSan).
+  constexpr std::size_t window = 20, seq = 300;
+  kvhead::attention_config windowed = gqa_rope;
+  windowed.sliding_window = window;
+  const layer_fixture fixture(windowed, 3);
+  std::mt19937 generator(6);
+  const std::vector<float> x = random_values(seq * windowed.d_model, generator, 1.0f);
+  for (const kvhead::kv_dtype dtype : {kvhead::kv_dtype::bf16, kvhead::kv_dtype::f16, kvhead::kv_dtype::int8}) {
+    CAPTURE(int(dtype));
+    std::vector<float> outputs[2];
+    for (const std::size_t chunk : {seq, std::size_t{1}}) {
+      kvhead::kv_cache_config config = make_cache(windowed, 16).config();
+      config.dtype = dtype;
+      kvhead::kv_cache cache(config);
+      const kvhead::sequence_id id = cache.create();
+      std::vector<float>& y = outputs[chunk == 1];
+      y.assign(x.size(), 0.0f);
+      for (std::size_t done = 0; done < seq; done += chunk) {
+        const std::size_t offset = done * windowed.d_model;
+        cache.append(id, chunk);
+        fixture.layer.forward(cache, 0, {{id, chunk}}, x.data() + offset, y.data() + offset);
+      }
+    }
+    CHECK(same_bits(outputs[0].data(), outputs[1].data(), x.size()));
+  }
+}
+
 TEST_CASE("decode with a sliding window equals the full forward, and dropping the blocks outside it frees them") {
   constexpr std::size_t window = 37, seq = 300;
   kvhead::attention_config windowed = gqa_rope;

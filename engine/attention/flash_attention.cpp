@@ -469,6 +469,7 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
   // with one scale of 2^-100 or more (in practice its first) keeps e = 0.
   auto value_exponent = [&](std::size_t row) {
     const key_span keys = visible(row / group);
+    if (keys.count() == 0) return 0;  // {0, 0}: no offset from first_key to take
     const float* const scales = value_scales + (keys.begin - first_key);
     float largest = 0.0f;
     for (std::size_t j = 0; j < keys.count(); ++j) {
