@@ -68,6 +68,14 @@ def main():
         # Floats that round to "none" in float32, and strings C would cut at a NUL.
         refuses("a rope_theta that rounds to 0", ValueError, lambda: kvhead.layer(weights, 8, 2, rope_theta=1e-50))
         refuses("a scale that rounds to 0", ValueError, lambda: kvhead.layer(weights, 8, 2, scale=1e-50))
+        refuses("an int beyond double's range as a scale", ValueError, lambda: kvhead.layer(weights, 8, 2, scale=10**400))
+        for option in ("scale", "logit_softcap", "rope_theta"):  # the library refuses them, naming the value given
+            for value, text in ((float("nan"), "nan"), (float("-inf"), "-inf")):
+                try:
+                    kvhead.layer(weights, 8, 2, **{option: value})
+                    failures.append(f"{option} {value}: accepted")
+                except kvhead_ctypes.KvheadError as raised:
+                    check(f"{option} {value} is named as {text}: {raised}", text in str(raised).lower())
         refuses("a path with a NUL", ValueError, lambda: kvhead.layer(weights + "\0.missing", 8, 2))
         refuses("a prefix with a NUL", ValueError, lambda: kvhead.layer(weights, 8, 2, prefix="\0model."))
         # Arrays that are not real numbers, or beyond float32.

@@ -158,10 +158,14 @@ def _float32(name, value):
     """value for a C float: a real number that float32 holds, and not rounded to 0 (which means "none")."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    single = np.float32(value) if abs(float(value)) <= np.finfo(np.float32).max else np.float32(np.inf)
-    if np.isfinite(float(value)) and not np.isfinite(single):
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond double's range
+        raise ValueError(f"{name} = {value!r} is beyond float32's range") from None
+    if np.isfinite(number) and abs(number) > np.finfo(np.float32).max:
         raise ValueError(f"{name} = {value!r} is beyond float32's range")
-    if float(value) != 0.0 and single == 0.0:
+    single = np.float32(number)  # NaN and +-Inf as they are, for the library to name
+    if number != 0.0 and single == 0.0:
         raise ValueError(f"{name} = {value!r} rounds to 0 as a float32, which would mean none (or the default)")
     return float(single)
 

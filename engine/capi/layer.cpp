@@ -81,8 +81,10 @@ io::layer_load_options load_options(const kvh_layer_options& options) {
     invalid("options->num_heads = " + std::to_string(options.num_heads) +
             " is not a multiple of num_kv_heads = " + std::to_string(kv_heads));
   if (!std::isfinite(options.rope_theta) || options.rope_theta < 0.0f)
-    invalid("options->rope_theta must be 0 (no RoPE) or a positive finite number");
-  if (!std::isfinite(options.scale)) invalid("options->scale must be finite (0 = 1/sqrt(head_dim))");
+    invalid("options->rope_theta must be 0 (no RoPE) or a positive finite number, got " +
+            std::to_string(options.rope_theta));
+  if (!std::isfinite(options.scale))
+    invalid("options->scale must be finite (0 = 1/sqrt(head_dim)), got " + std::to_string(options.scale));
   if (options.threads < 0 || options.threads > max_threads)
     invalid("options->threads = " + std::to_string(options.threads) + " (must be 0 to " + std::to_string(max_threads) +
             "; 0 = all cores)");
