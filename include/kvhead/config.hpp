@@ -70,9 +70,13 @@ KVHEAD_API std::vector<simd_path> supported_simd_paths();
 /// environment variable KVHEAD_CONFIG=<name> forces a row (its SIMD path then
 /// becomes the active one; KVHEAD_ISA, if also set, must agree; an unknown
 /// name or a path this CPU cannot run is an error, as for KVHEAD_ISA).
-/// Results depend on the SIMD path only, never on the configuration: every row
-/// sums over k in the same fixed blocks, so two CPUs of different kinds give
-/// the same bits on the same path (different paths round differently).
+/// In fp32 (f32 precision over f32, f16 and int8 caches) results depend on
+/// the SIMD path only, never on the configuration: every row sums over k in
+/// the same fixed blocks, so two CPUs of different kinds give the same bits on
+/// the same path (different paths round differently). bf16 precision and bf16
+/// caches also depend on the bf16 unit and on whether the row puts attention's
+/// bf16 products on it (README, "Determinism"): KVHEAD_CONFIG and KVHEAD_ISA
+/// reproduce another CPU's choice.
 KVHEAD_API const char* kernel_config_name();
 
 /// Threads for kvhead's work. 0 (the default): every call runs in the

@@ -63,7 +63,8 @@
 // avx2's int16 products, 9.1e-3 on the AVX512-VNNI products (q's int8
 // rounding adds to K's).
 // Results stay bit-identical across thread counts, chunking of the tokens,
-// batching and block sizes for each dtype and SIMD path.
+// batching and block sizes for each dtype and SIMD path (and, over bf16, the
+// kernels the configuration puts its products on: config.hpp).
 //
 // Block layout (fixed; the attention kernels depend on it). With E the
 // element size (4, 2, 2, 1 bytes), region_elements = max(head_dim *
