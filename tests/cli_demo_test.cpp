@@ -298,6 +298,13 @@ TEST_CASE("demo_file_errors") {
     CHECK(mentions(result.err, "KVHEAD_ISA=neon"));
     CHECK(result.out.empty());
   }
+  SUBCASE("bad KVHEAD_REDUCTION: refused before any work") {
+    const cli_result result = run_kvhead(with({"demo"}, small_model), {"KVHEAD_REDUCTION=sideways"});
+    CHECK(result.exit_code == exit_failure);
+    CHECK(std::count(result.err.begin(), result.err.end(), '\n') == 1);
+    CHECK(mentions(result.err, "KVHEAD_REDUCTION=sideways"));
+    CHECK(result.out.empty());  // nothing generated, nothing printed
+  }
 }
 
 TEST_CASE("demo_and_kernels_help") {

@@ -379,6 +379,22 @@ TEST_CASE("bad_kvhead_isa") {
   }
 }
 
+TEST_CASE("bad_kvhead_reduction_fails_before_any_work") {
+  // The weights are missing too: the environment is checked first.
+  expect_failure({"--weights", "/no/such.safetensors", "--input", golden(base_case, "input.npy"), "--heads", "4"},
+                 exit_failure, {"KVHEAD_REDUCTION=sideways", "fixed or fastest"}, {"KVHEAD_REDUCTION=sideways"});
+  const cli_result version = run_kvhead({"--version"}, {"KVHEAD_REDUCTION=sideways"});
+  CHECK(version.exit_code == exit_failure);
+  CHECK(version.err.find("KVHEAD_REDUCTION=sideways") != std::string::npos);
+  const cli_result fastest = run_kvhead({"--version"}, {"KVHEAD_REDUCTION=fastest"});
+  CHECK(fastest.out.find("reduction order: fastest") != std::string::npos);
+  for (const char* informative : {"--version", "--help"}) {
+    const cli_result extra = run_kvhead({informative, "bogus"});
+    CHECK(extra.exit_code == exit_usage);
+    CHECK(extra.err.find("takes no arguments, got 'bogus'") != std::string::npos);
+  }
+}
+
 TEST_CASE("bad_kvhead_config") {
   SUBCASE("unknown name: the message lists the rows") {
     expect_failure(golden_flags(), exit_failure, {"KVHEAD_CONFIG=cray1", "unknown", "avx2"}, {"KVHEAD_CONFIG=cray1"});

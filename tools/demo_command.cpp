@@ -513,7 +513,8 @@ demo_run run_one(const demo_options& o, precision compute, kv_dtype dtype, simd_
 }
 
 int run_demo(const demo_options& o) {
-  const simd_path path = active_simd_path();  // KVHEAD_ISA errors first
+  const simd_path path = active_simd_path();  // KVHEAD_ISA and KVHEAD_REDUCTION errors first
+  (void)current_reduction_order();
   if (o.csv) check_output_path(*o.csv);
   const tbb::global_control allow(tbb::global_control::max_allowed_parallelism,
                                   std::max(o.threads, std::size_t(std::max(1, tbb::info::default_concurrency()))));
@@ -599,10 +600,11 @@ std::string demo_help_text() {
          block_size_help() +
          "  --help, -h      print this help and exit 0.\n"
          "\n"
-         "exit status: 0 success; 1 an error (KVHEAD_ISA, a --csv that cannot be written, out of\n"
-         "memory, cached and recomputed outputs differing); 2 usage error (unknown flag, a value\n"
-         "that is not a positive whole number or above its limit, G not dividing H, odd d, an\n"
-         "unknown --kv-dtype or --precision, another --block-size).\n"
+         "exit status: 0 success; 1 an error (KVHEAD_ISA, KVHEAD_CONFIG or KVHEAD_REDUCTION, a\n"
+         "--csv that cannot be written, out of memory, cached and recomputed outputs differing);\n"
+         "2 usage error (unknown flag, a value that is not a positive whole number or above its\n"
+         "limit, G not dividing H, odd d, an unknown --kv-dtype or --precision, another\n"
+         "--block-size).\n"
          "Any failure prints one line on stderr.\n";
 }
 

@@ -115,8 +115,9 @@ double median_seconds(tbb::task_arena& arena, const Run& run) {
 }
 
 int run_kernel_demo(int threads) {
-  std::printf("kvhead %s kernel demo: SIMD path %s, configuration %s, %d thread(s)\n", version(),
-              to_string(active_simd_path()), kernel_config_name(), threads);
+  std::printf("kvhead %s kernel demo: SIMD path %s, configuration %s, reduction order %s, %d thread(s)\n", version(),
+              to_string(active_simd_path()), kernel_config_name(),
+              current_reduction_order() == reduction_order::fixed ? "fixed" : "fastest", threads);
   print_configuration();
   tbb::task_arena arena(threads);
   std::mt19937 generator(42);

@@ -144,8 +144,9 @@ void check_output_path(const std::string& output, std::initializer_list<read_pat
 }
 
 int run_layer_job(const layer_job& job, const layer_forward& forward) {
-  // 2. An unknown or unsupported KVHEAD_ISA fails here, before any work.
+  // 2. An unknown or unsupported KVHEAD_ISA, KVHEAD_CONFIG or KVHEAD_REDUCTION fails here, before any work.
   (void)active_simd_path();
+  (void)current_reduction_order();
   // 3. Output folder.
   check_output_path(job.output, {{"--input", job.input},
                                  job.model ? read_path{"--model", *job.model} : read_path{"--weights", job.weights}});

@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
   if (command == "demo") return demo_command(args);
   if (command == "kernels") return kernels_command(args);
   return run_guarded("kvhead", [&] {
+    const bool informative = command == "--help" || command == "-h" || command == "help" || command == "--version";
+    if (informative && !args.empty())
+      throw usage_error(std::string(command) + " takes no arguments, got " + quote_arg(args[0]));
     if (command == "--help" || command == "-h" || command == "help") {
       print_help();
       return exit_ok;
@@ -64,10 +67,12 @@ int main(int argc, char** argv) {
     if (command == "--version") {
       namespace engine = kvhead::engine;
       const engine::bf16_unit unit = engine::active_bf16_unit();
-      std::printf("kvhead %s (SIMD path: %s, configuration: %s, bf16 unit: %s)\n", kvhead::version(),
-                  kvhead::to_string(kvhead::active_simd_path()), kvhead::kernel_config_name(), engine::to_string(unit));
-      if (!engine::bf16_unit_reason().empty()) std::printf("bf16 unit %s because %s\n", engine::to_string(unit),
-                                                           engine::bf16_unit_reason().c_str());
+      std::printf("kvhead %s (SIMD path: %s, configuration: %s, bf16 unit: %s, reduction order: %s)\n",
+                  kvhead::version(), kvhead::to_string(kvhead::active_simd_path()), kvhead::kernel_config_name(),
+                  engine::to_string(unit),
+                  kvhead::current_reduction_order() == kvhead::reduction_order::fixed ? "fixed" : "fastest");
+      if (!engine::bf16_unit_reason().empty())
+        std::printf("bf16 unit %s because %s\n", engine::to_string(unit), engine::bf16_unit_reason().c_str());
       return exit_ok;
     }
     if (command.empty()) throw usage_error("no command given");
