@@ -6,11 +6,14 @@
 // by the golden_model tests (cli_model_test.cpp).
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -116,6 +119,22 @@ TEST_CASE("C API model folder: bad calls give their status and name the problem,
   CHECK(kvh_layer_open_model(malformed.path().string().c_str(), 0, &options, &layer) == KVH_ERR_FORMAT);
   CHECK(std::string(kvh_last_error()).find("not valid JSON") != std::string::npos);
   CHECK(kvh_layer_open_model(nullptr, 0, &options, &layer) == KVH_ERR_INVALID_ARGUMENT);
+  // A file the folder names that cannot be had is KVH_ERR_IO, as in kvh_layer_open, not FORMAT.
+  const kvhead::test::temp_dir sharded;
+  for (const auto& entry : std::filesystem::directory_iterator(llama3))
+    std::filesystem::copy(entry.path(), sharded.path() / entry.path().filename());
+  const std::string shard = sharded.file("model-00002-of-00002.safetensors");
+  std::filesystem::remove(shard);
+  CHECK(kvh_layer_open_model(sharded.path().string().c_str(), 2, &options, &layer) == KVH_ERR_IO);
+  CHECK(std::string(kvh_last_error()).find("does not exist") != std::string::npos);
+  std::filesystem::create_directory(shard);  // a shard that is a folder
+  CHECK(kvh_layer_open_model(sharded.path().string().c_str(), 2, &options, &layer) == KVH_ERR_IO);
+  CHECK(std::string(kvh_last_error()).find("is a directory") != std::string::npos);
+  const kvhead::test::temp_dir piped;
+  REQUIRE(::mkfifo(piped.file("config.json").c_str(), 0600) == 0);  // not a regular file, and no hang
+  CHECK(kvh_layer_open_model(piped.path().string().c_str(), 0, &options, &layer) == KVH_ERR_IO);
+  CHECK(std::string(kvh_last_error()).find("not a regular file") != std::string::npos);
+  CHECK(layer == nullptr);
   CHECK_THROWS_AS(kvhead::load_model_layer(dir.file("absent"), 0), std::runtime_error);
   CHECK_THROWS_AS(kvhead::model_layer_config(llama3, 3), std::runtime_error);
 }

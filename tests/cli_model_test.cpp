@@ -162,6 +162,26 @@ TEST_CASE("model_folder_errors") {
     fs::remove(fs::path(folder) / "model-00002-of-00002.safetensors");
     expect_model_failure(folder, "2", exit_failure, {"model-00002-of-00002.safetensors", "does not exist"});
   }
+  SUBCASE("broken links are named, not read as absent") {
+    // A dangling model.safetensors next to an index fell back to the index.
+    const std::string sharded = copy_case(dir, "llama3_sharded");
+    fs::create_symlink("no-such-file.safetensors", fs::path(sharded) / "model.safetensors");
+    expect_model_failure(sharded, "2", exit_failure, {"model.safetensors", "No such file"});
+    // A link loop as config.json read as "has no config.json".
+    const std::string looped = copy_case(dir, "llama_linear");
+    fs::remove(fs::path(looped) / "config.json");
+    fs::create_symlink("config.json", fs::path(looped) / "config.json");
+    expect_model_failure(looped, "0", exit_failure, {"config.json", "symbolic links"});
+  }
+  SUBCASE("a shard name holding a NUL (C would open another file)") {
+    const std::string folder = copy_case(dir, "llama3_sharded");
+    const std::string index_path = (fs::path(folder) / "model.safetensors.index.json").string();
+    nlohmann::json index = nlohmann::json::parse(read_bytes(index_path));
+    for (auto& entry : index["weight_map"].items())
+      entry.value() = entry.value().get<std::string>() + std::string(1, '\0') + "x";
+    write_bytes(index_path, index.dump());
+    expect_model_failure(folder, "2", exit_failure, {"is not a plain file name"});
+  }
   SUBCASE("a tensor in two shards") {
     const std::string folder = copy_case(dir, "llama3_sharded");
     const std::string shard = (fs::path(folder) / "model-00002-of-00002.safetensors").string();

@@ -13,7 +13,6 @@
 #include "engine/capi/status.hpp"
 #include "engine/io/layer_loader.hpp"
 #include "engine/io/model_folder.hpp"
-#include "engine/io/regular_file.hpp"
 #include "engine/io/safetensors.hpp"
 
 namespace kvhead::capi {
@@ -204,13 +203,8 @@ kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options*
     const kvhead::io::layer_load_options load = load_options(checked);
     const kvhead::precision compute = precision_of(checked);
     const std::size_t window = sliding_window_of(checked);
-    // Missing, unreadable or not a regular file: KVH_ERR_IO. Every later
-    // file_error is about the contents: KVH_ERR_FORMAT.
-    try {
-      const kvhead::io::regular_file probe(safetensors_path, "a safetensors file");
-    } catch (const kvhead::io::file_error& error) {
-      throw capi_error(KVH_ERR_IO, error.what());
-    }
+    // Missing, unreadable or not a regular file: KVH_ERR_IO; the contents:
+    // KVH_ERR_FORMAT (guarded, from the file_error's kind).
     std::unique_ptr<kvh_layer> layer;
     {
       const kvhead::io::safetensors_file file(safetensors_path);
@@ -236,12 +230,7 @@ kvh_status kvh_layer_open_model(const char* folder, int32_t layer_index, const k
     sliding_window_of(checked);
     check(layer_index >= 0, KVH_ERR_INVALID_ARGUMENT,
           [&] { return "layer_index = " + std::to_string(layer_index) + " (must be >= 0)"; });
-    std::string config_path;
-    try {
-      config_path = kvhead::io::model_config_path(folder);  // not a folder, no config.json: KVH_ERR_IO
-    } catch (const kvhead::io::file_error& error) {
-      throw capi_error(KVH_ERR_IO, error.what());
-    }
+    const std::string config_path = kvhead::io::model_config_path(folder);  // not a folder, no config.json: KVH_ERR_IO
     const std::size_t layers = kvhead::io::read_num_hidden_layers(config_path);
     check(std::size_t(layer_index) < layers, KVH_ERR_INVALID_ARGUMENT, [&] {
       return "layer_index = " + std::to_string(layer_index) + ", but " + config_path + " has num_hidden_layers " +

@@ -3,7 +3,8 @@
 //
 // Every exported function runs its body through guarded(): a capi_error
 // carries its own status; otherwise the exception's type decides
-// (io::file_error: KVH_ERR_FORMAT, std::invalid_argument:
+// (io::file_error: KVH_ERR_IO when the file could not be had at all, else
+// KVH_ERR_FORMAT; std::invalid_argument:
 // KVH_ERR_INVALID_ARGUMENT, kv_cache_error: KVH_ERR_NOT_FOUND,
 // std::bad_alloc: KVH_ERR_CAPACITY, anything else: KVH_ERR_INTERNAL). The
 // message, "<function>: <problem>", goes to this thread's last-error buffer,
@@ -56,7 +57,7 @@ kvh_status guarded(const char* function, const Body& body) noexcept {
   } catch (const capi_error& error) {
     return record_error(function, error.status(), error.what());
   } catch (const io::file_error& error) {
-    return record_error(function, KVH_ERR_FORMAT, error.what());
+    return record_error(function, error.kind() == io::file_problem::access ? KVH_ERR_IO : KVH_ERR_FORMAT, error.what());
   } catch (const std::invalid_argument& error) {
     return record_error(function, KVH_ERR_INVALID_ARGUMENT, error.what());
   } catch (const kv_cache_error& error) {

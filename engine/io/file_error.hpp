@@ -68,11 +68,19 @@ inline std::string shape_text(const std::vector<std::size_t>& shape) {
   return text + "]";
 }
 
+/// What a file_error is about: the contents, or getting at the file at all
+/// (missing, unreadable, not a regular file: the C API's KVH_ERR_IO).
+enum class file_problem { contents, access };
+
 class file_error : public std::runtime_error {
  public:
   /// Message "<path>: <problem>", on one line (control characters escaped).
-  file_error(std::string_view path, std::string_view problem)
-      : std::runtime_error(escape_controls(path) + ": " + escape_controls(problem)) {}
+  file_error(std::string_view path, std::string_view problem, file_problem kind = file_problem::contents)
+      : std::runtime_error(escape_controls(path) + ": " + escape_controls(problem)), kind_(kind) {}
+  file_problem kind() const { return kind_; }
+
+ private:
+  file_problem kind_;
 };
 
 }  // namespace kvhead::io

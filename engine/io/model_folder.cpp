@@ -24,9 +24,13 @@ namespace fs = std::filesystem;
 
 std::string number(std::size_t value) { return std::to_string(value); }
 
+// Whether the folder has an entry of that name, a broken link included: it
+// is then opened, and fails naming the real problem (a dangling link, a loop)
+// instead of reading as absent (or a dangling model.safetensors falling back
+// to the index).
 bool present(const fs::path& path) {
   std::error_code error;
-  return fs::exists(path, error);
+  return fs::symlink_status(path, error).type() != fs::file_type::not_found && !error;
 }
 
 // 2. The folder's tensors: each name in exactly one file.
@@ -39,7 +43,8 @@ class model_weights {
     } else if (present(index)) {
       open_shards(folder, index.string());
     } else {
-      throw file_error(folder.string(), "holds neither model.safetensors nor model.safetensors.index.json");
+      throw file_error(folder.string(), "holds neither model.safetensors nor model.safetensors.index.json",
+                       file_problem::access);
     }
   }
 
@@ -76,7 +81,8 @@ class model_weights {
         throw file_error(index_path, "weight_map entry " + quote_name(tensor) + " is " + json_type_name(shard) +
                                          ", not a shard file name");
       const std::string name = shard.get<std::string>();
-      if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+      if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+          name.find('\0') != std::string::npos)  // a NUL would cut the path short: another file
         throw file_error(index_path, "shard " + quote_name(name) + " is not a plain file name in the folder");
       shard_of.emplace(tensor, name);
       shards.insert(name);
@@ -85,8 +91,10 @@ class model_weights {
       if (!present(folder / shard)) {
         const auto named =
             std::find_if(shard_of.begin(), shard_of.end(), [&](const auto& e) { return e.second == shard; });
-        throw file_error(index_path, "shard " + quote_name(shard) + " (named for tensor " + quote_name(named->first) +
-                                         ") does not exist in the folder");
+        throw file_error(index_path,
+                         "shard " + quote_name(shard) + " (named for tensor " + quote_name(named->first) +
+                             ") does not exist in the folder",
+                         file_problem::access);
       }
       add(safetensors_file((folder / shard).string()));
     }
@@ -220,9 +228,10 @@ class layer_reader {
 std::string model_config_path(const std::string& folder) {
   std::error_code error;
   if (!fs::is_directory(fs::path(folder), error))
-    throw file_error(folder, "is not a folder (a Hugging Face model folder)");
+    throw file_error(folder, "is not a folder (a Hugging Face model folder)", file_problem::access);
   const fs::path config = fs::path(folder) / "config.json";
-  if (!present(config)) throw file_error(folder, "has no config.json (not a Hugging Face model folder)");
+  if (!present(config))
+    throw file_error(folder, "has no config.json (not a Hugging Face model folder)", file_problem::access);
   return config.string();
 }
 

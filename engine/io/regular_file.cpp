@@ -16,15 +16,16 @@ std::string system_message(int error) { return std::system_category().message(er
 
 regular_file::regular_file(const std::string& path, const char* kind)
     : path_(path), descriptor_(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) {
-  if (descriptor_ < 0) throw file_error(path, "cannot open: " + system_message(errno));
+  constexpr file_problem access = file_problem::access;
+  if (descriptor_ < 0) throw file_error(path, "cannot open: " + system_message(errno), access);
   struct stat status {};
   const bool stated = ::fstat(descriptor_, &status) == 0;
   const int stat_error = errno;
   if (!stated || !S_ISREG(status.st_mode)) {
     ::close(descriptor_);
-    if (!stated) throw file_error(path, "cannot stat: " + system_message(stat_error));
-    if (S_ISDIR(status.st_mode)) throw file_error(path, std::string("is a directory, not ") + kind);
-    throw file_error(path, "not a regular file");
+    if (!stated) throw file_error(path, "cannot stat: " + system_message(stat_error), access);
+    if (S_ISDIR(status.st_mode)) throw file_error(path, std::string("is a directory, not ") + kind, access);
+    throw file_error(path, "not a regular file", access);
   }
   size_ = std::size_t(status.st_size);
 }
@@ -54,7 +55,7 @@ void regular_file::read_exact(void* buffer, std::size_t bytes, std::size_t offse
     const ssize_t got = ::pread(descriptor_, at, bytes, off_t(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
-      throw file_error(path_, "cannot read: " + system_message(errno));
+      throw file_error(path_, "cannot read: " + system_message(errno), file_problem::access);
     }
     if (got == 0) throw file_error(path_, "file ended early (was it changed while being read?)");
     at += got;

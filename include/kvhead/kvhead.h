@@ -179,10 +179,11 @@ KVHEAD_API kvh_status kvh_layer_open(const char* safetensors_path, const kvh_lay
    layer) must each be 0 or agree with it, prefix and sinks must be
    NULL (sinks come from the folder's self_attn.sinks); threads as for
    kvh_layer_open. The layer is causal (kvh_layer_forward's causal flag still
-   chooses per call). Statuses: folder not a folder or without config.json:
-   KVH_ERR_IO; layer_index < 0 or >= num_hidden_layers, or options that
-   contradict config.json: KVH_ERR_INVALID_ARGUMENT; anything else wrong or
-   unsupported in the files: KVH_ERR_FORMAT. */
+   chooses per call). Statuses: folder not a folder, without config.json,
+   or a file it names missing, unreadable or not a regular file (a shard, a
+   broken link): KVH_ERR_IO; layer_index < 0 or >= num_hidden_layers, or
+   options that contradict config.json: KVH_ERR_INVALID_ARGUMENT; anything
+   else wrong or unsupported in the files' contents: KVH_ERR_FORMAT. */
 KVHEAD_API kvh_status kvh_layer_open_model(const char* folder, int32_t layer_index, const kvh_layer_options* options,
                                            kvh_layer** out);
 /* The layer's width d_model (0 for a NULL layer). */
