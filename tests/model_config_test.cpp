@@ -221,6 +221,10 @@ TEST_CASE("model config: each family's twists") {
   typed["sliding_window"] = 7;
   CHECK(spec_of(typed, 0).config.sliding_window == 0);
   CHECK(spec_of(typed, 1).config.sliding_window == 7);
+  // A bad entry is refused whichever layer is asked for (HF validates the list).
+  json misspelt = typed;
+  misspelt["layer_types"] = {"sliding", "full_attention"};
+  CHECK(error_of(misspelt, 1).find("'layer_types' entry 0 is 'sliding'") != std::string::npos);
   typed["model_type"] = "llama";
   CHECK(spec_of(typed, 1).config.sliding_window == 0);
   typed["model_type"] = "mistral";
@@ -339,6 +343,8 @@ TEST_CASE("model config: a hostile value is named briefly, never serialized") {
   const std::string entry_error = error_of_text(head + R"("num_hidden_layers": 1, "layer_types": [)" + deep + "]}");
   CHECK(names(entry_error, "'layer_types' entry 0 is an array"));
   CHECK(entry_error.size() < 400);
+  // A byte order mark before valid JSON: refused, as Hugging Face's json.loads does.
+  CHECK(names(error_of_text("\xEF\xBB\xBF" + llama().dump()), "begins with a UTF-8 byte order mark"));
   json bad = llama();
   bad["rope_theta"] = std::string(100000, 'x');
   const std::string text_error = error_of(bad);

@@ -49,6 +49,10 @@ std::string json_value_text(const nlohmann::json& value) {
 
 nlohmann::json read_json_object(const std::string& path) {
   const std::string text = read_whole(path);
+  // nlohmann skips a byte order mark; JSON (RFC 8259) and Python's json,
+  // which Hugging Face reads config.json with, refuse it.
+  if (text.starts_with("\xEF\xBB\xBF"))
+    throw file_error(path, "is not valid JSON: it begins with a UTF-8 byte order mark");
   // Keys seen in each open object, innermost last.
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;

@@ -121,11 +121,14 @@ bool is_sliding_layer(const config_fields& f, const std::string& type, std::size
   if (const json* types = reads_layer_types ? f.find(f.object(), "layer_types") : nullptr) {
     if (!types->is_array() || types->size() != layers)
       f.fail("field 'layer_types' must be an array of num_hidden_layers (" + number(layers) + ") strings");
-    const json& entry = (*types)[layer];
-    if (entry == "sliding_attention") return true;
-    if (entry == "full_attention") return false;
-    f.fail("field 'layer_types' entry " + number(layer) + " is " + json_value_text(entry) +
-           "; kvhead knows 'full_attention' and 'sliding_attention'");
+    // Every entry checked, not only this layer's: HF validates the whole list.
+    for (std::size_t index = 0; index < layers; ++index) {
+      const json& entry = (*types)[index];
+      if (entry != "sliding_attention" && entry != "full_attention")
+        f.fail("field 'layer_types' entry " + number(index) + " is " + json_value_text(entry) +
+               "; kvhead knows 'full_attention' and 'sliding_attention'");
+    }
+    return (*types)[layer] == "sliding_attention";
   }
   if (type == "gemma2" || type == "gpt_oss") return layer % 2 == 0;  // HF Gemma 2, gpt-oss: even layers slide
   if (type == "qwen2" || type == "qwen3") {
