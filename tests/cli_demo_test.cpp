@@ -146,7 +146,7 @@ TEST_CASE("demo_block_size_sets_the_cache_blocks_and_keeps_the_check") {
   CHECK(int8_default.exit_code == 0);
   CHECK(int8_32.exit_code == 0);
   CHECK(mentions(int8_32.out, "block(s) of 32 tokens"));
-  // The same decoded outputs: the same largest difference from the recomputed (f32, no cache) ones.
+  // The same decoded outputs: the same largest difference from the recomputed (f32 layers, no cache) ones.
   auto largest_difference = [](const std::string& out) {
     const std::size_t at = out.find("max |diff| ");
     return at == std::string::npos ? std::string() : out.substr(at, out.find(' ', at + 11) - at);
@@ -165,7 +165,12 @@ TEST_CASE("demo_kv_dtype_prints_bytes_per_token_and_all_prints_the_table") {
   CHECK(bf16.exit_code == 0);
   // 2 layers x 2 kv heads x (K + V) x 32 padded dims x 2 bytes.
   CHECK(mentions(bf16.out, "KV cache: bf16, 512 bytes per token"));
-  CHECK(mentions(bf16.out, "cached (bf16 K/V) and recomputed (f32, no cache) outputs"));
+  CHECK(mentions(bf16.out, "cached (bf16 K/V) and recomputed (f32 layers, no cache) outputs"));
+  // bf16 layers round K/V to bf16 themselves: a bf16 cache then decodes bit for
+  // bit (README), and the demo checks it as it checks f32.
+  const cli_result bf16_layers = run_kvhead(with(with({"demo"}, model), {"--kv-dtype", "bf16", "--precision", "bf16"}));
+  CHECK(bf16_layers.exit_code == 0);
+  CHECK(mentions(bf16_layers.out, "cached and recomputed outputs: identical, bit for bit"));
   CHECK(mentions(bf16.out, "tokens/s"));
 
   const cli_result all = run_kvhead(with(with({"demo"}, model), {"--kv-dtype", "all"}));

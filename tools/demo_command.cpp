@@ -481,12 +481,14 @@ demo_run run_one(const demo_options& o, precision compute, kv_dtype dtype, simd_
       "            %.2f ms per step vs %.2f ms cached: %.1fx speed-up with the cache\n",
       S, first, context - 1, recompute_stretch / double(S) * 1e3, cached_stretch / double(S) * 1e3,
       recompute_stretch / cached_stretch);
-  const bool exact = dtype == kv_dtype::f32;
+  // Bit for bit where the cache stores K/V as the layers computed them: an
+  // f32 cache, or a bf16 cache under bf16 layers (which round K/V to bf16).
+  const bool exact = dtype == kv_dtype::f32 || (dtype == kv_dtype::bf16 && compute == precision::bf16);
   if (!exact)
     std::printf(
-        "  check     cached (%s K/V) and recomputed (f32, no cache) outputs: %zu of %zu values differ,\n"
-        "            max |diff| %g (the cache rounds K/V: not bit-identical by design)\n",
-        to_string(dtype), differing, compared, double(max_difference));
+        "  check     cached (%s K/V) and recomputed (%s layers, no cache) outputs: %zu of %zu values\n"
+        "            differ, max |diff| %g (the cache rounds K/V: not bit-identical by design)\n",
+        to_string(dtype), to_string(compute), differing, compared, double(max_difference));
   else if (differing == 0)
     std::printf(
         "  check     cached and recomputed outputs: identical, bit for bit (%zu tokens x %zu seq;\n"
@@ -529,14 +531,17 @@ int run_demo(const demo_options& o) {
       runs.push_back(run_one(run_options, compute, dtype, path, arena));
     }
   if (runs.size() > 1) {
-    // The same decode per run: every run's decoded outputs against the first's (f32, f32 cache).
+    // The same decode per run: every run's decoded outputs against the first
+    // run's (the first precision asked for, over the first dtype: f32 with all).
     const std::vector<float>& reference = runs.front().decoded;
     float reference_max = 0.0f;
     for (const float value : reference) reference_max = std::max(reference_max, std::fabs(value));
-    std::printf("\nruns: the same decode (%zu x %zu tokens after a %zu-token prompt) per precision and cache dtype\n",
-                o.batch, o.tokens, o.prompt);
+    std::printf(
+        "\nruns: the same decode (%zu x %zu tokens after a %zu-token prompt) per precision and cache dtype;\n"
+        "each run's outputs against the first run's (%s layers, %s cache), max |diff| / max |first's|\n",
+        o.batch, o.tokens, o.prompt, to_string(runs.front().compute), to_string(runs.front().dtype));
     std::printf("  %-9s %-6s %12s %14s %10s %26s %11s\n", "precision", "dtype", "tokens/s", "bytes/token", "cache MiB",
-                "max|diff| / max|f32 out|", "weight MiB");
+                "max|diff| / max|first's|", "weight MiB");
     for (const demo_run& run : runs) {
       float difference = 0.0f;
       for (std::size_t i = 0; i < reference.size(); ++i) {
@@ -587,16 +592,18 @@ std::string demo_help_text() {
          "                  decoded token per sequence (written at the end, atomically).\n"
          "  --kv-dtype T    how the cache stores K and V: f32 (default), bf16, f16 or int8 (one\n"
          "                  scale per token and kv head); the run prints the bytes per token.\n"
-         "                  Other than f32 the no-cache check reports the difference instead of\n"
+         "                  Other than f32 (and bf16 under --precision bf16, which stores what the\n"
+         "                  layers compute) the no-cache check reports the difference instead of\n"
          "                  requiring identical bits. all: the same decode once per dtype, then a\n"
          "                  table of tokens/s, bytes per token, cache MiB in use and the max |diff|\n"
-         "                  of the decoded outputs from the f32 run relative to its max (--csv: the\n"
-         "                  f32 run's latencies).\n"
+         "                  of the decoded outputs from the f32 cache's run relative to its max\n"
+         "                  (--csv: that run's latencies).\n"
          "  --precision P   how the layers compute: f32 (default) or bf16 (weights stored bf16, the\n"
          "                  GEMM inputs, q, k, v and the probabilities rounded to bf16, fp32\n"
          "                  accumulation; README, Precision). all: the decode once per precision\n"
          "                  (and per --kv-dtype), then the table above, one row per run, each\n"
-         "                  compared with the first (f32); weight MiB is what the layers store.\n" +
+         "                  compared with the first run's outputs (f32 layers over an f32 cache\n"
+         "                  with all and all); weight MiB is what the layers store.\n" +
          block_size_help() +
          "  --help, -h      print this help and exit 0.\n"
          "\n"
