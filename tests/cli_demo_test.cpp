@@ -303,6 +303,15 @@ TEST_CASE("demo_file_errors") {
     CHECK(mentions(result.err, "KVHEAD_ISA=neon"));
     CHECK(result.out.empty());
   }
+  SUBCASE("more memory than the machine has: refused at once, naming the parts") {
+    // 1024 layers of d_model 65536: 1024 x 2 x (32 + 8) x 64 x 65536 x 4 bytes = 1.25 TiB of weights.
+    const cli_result result = run_kvhead({"demo", "--layers", "1024", "--d-model", "65536"});
+    CHECK(result.exit_code == exit_failure);
+    CHECK(std::count(result.err.begin(), result.err.end(), '\n') == 1);
+    CHECK(mentions(result.err, "of memory (weights 1280.00 GiB"));
+    CHECK(mentions(result.err, "this process may use"));
+    CHECK(result.out.empty());  // nothing generated, nothing printed
+  }
   SUBCASE("bad KVHEAD_REDUCTION: refused before any work") {
     const cli_result result = run_kvhead(with({"demo"}, small_model), {"KVHEAD_REDUCTION=sideways"});
     CHECK(result.exit_code == exit_failure);

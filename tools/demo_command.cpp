@@ -30,6 +30,7 @@
 // with the first run's (f32 layers, f32 cache).
 #include "tools/demo_command.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -514,10 +515,52 @@ demo_run run_one(const demo_options& o, precision compute, kv_dtype dtype, simd_
           std::move(decoded)};
 }
 
+/// The memory this process may use: the machine's, or less under a limit on
+/// the address space (ulimit -v).
+std::size_t usable_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  std::size_t usable = pages > 0 && page > 0 ? std::size_t(pages) * std::size_t(page) : SIZE_MAX;
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    usable = std::min<std::size_t>(usable, limit.rlim_cur);
+  return usable;
+}
+
+/// Fails at once, naming the parts, when the largest run's weights, cache and
+/// rows cannot fit this process's memory (rather than generating gigabytes of
+/// weights first, or the system's OOM killer ending the process).
+void check_memory_need(const demo_options& o) {
+  std::size_t weights = 0, cache = 0;
+  for (const precision compute : o.precisions) weights = std::max(weights, weight_bytes(o, compute));
+  for (const kv_dtype dtype : o.dtypes) {
+    kv_cache_config geometry;
+    geometry.num_layers = o.layers;
+    geometry.num_kv_heads = o.kv_heads;
+    geometry.head_dim = o.head_dim;
+    geometry.dtype = dtype;
+    geometry.block_size = o.block_size;
+    cache = std::max(cache, sized_cache_pool(geometry, o.batch, o.prompt + o.tokens).bytes);
+  }
+  // The history, the prefill's input and output rows, every run's decoded rows.
+  const std::size_t runs = o.precisions.size() * o.dtypes.size();
+  const std::size_t rows = sizeof(float) * (floats_for({o.batch, o.prompt + o.tokens + 1, o.d_model}) +
+                                            2 * floats_for({o.batch, o.prompt, o.d_model}) +
+                                            floats_for({runs, o.batch, o.tokens, o.d_model}));
+  std::size_t need = 0;
+  const bool wrapped = __builtin_add_overflow(weights, cache, &need) || __builtin_add_overflow(need, rows, &need);
+  const std::size_t usable = usable_memory_bytes();
+  if (wrapped) need = SIZE_MAX;
+  if (need > usable)
+    throw std::runtime_error("needs about " + format_bytes(need) + " of memory (weights " + format_bytes(weights) +
+                             ", KV cache " + format_bytes(cache) + ", activations " + format_bytes(rows) +
+                             "), more than the " + format_bytes(usable) + " this process may use");
+}
+
 int run_demo(const demo_options& o) {
   const simd_path path = active_simd_path();  // KVHEAD_ISA and KVHEAD_REDUCTION errors first
   (void)current_reduction_order();
   if (o.csv) check_output_path(*o.csv);
+  check_memory_need(o);
   const tbb::global_control allow(tbb::global_control::max_allowed_parallelism,
                                   std::max(o.threads, std::size_t(std::max(1, tbb::info::default_concurrency()))));
   tbb::task_arena arena(int(o.threads));
