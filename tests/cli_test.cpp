@@ -169,6 +169,11 @@ TEST_CASE("scale_not_finite") {
     CAPTURE(text);
     expect_failure(concat(golden_flags(), {std::string("--scale=") + text}), exit_usage, {"--scale"});
   }
+  // Finite, but not a float: named as such (not "needs a finite number").
+  for (const char* text : {"1e39", "-1e39", "1e-50"}) {
+    CAPTURE(text);
+    expect_failure(concat(golden_flags(), {std::string("--scale=") + text}), exit_usage, {"beyond float's range"});
+  }
 }
 
 TEST_CASE("rope_theta_negative_or_not_finite") {

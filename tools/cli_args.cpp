@@ -111,9 +111,12 @@ std::size_t parse_count(std::string_view flag, std::string_view text, std::size_
 
 float parse_finite_float(std::string_view flag, std::string_view text) {
   float value = 0.0f;
-  if (!parse_whole(text, value) || !std::isfinite(value))
-    throw usage_error(std::string(flag) + " needs a finite number, got " + quote_arg(text));
-  return value;
+  if (parse_whole(text, value) && std::isfinite(value)) return value;
+  double wide = 0.0;  // a finite number float cannot hold (from_chars: out of range)
+  if (parse_whole(text, wide) && std::isfinite(wide))
+    throw usage_error(std::string(flag) + " " + quote_arg(text) +
+                      " is beyond float's range (magnitudes 1.4e-45 to 3.4e38)");
+  throw usage_error(std::string(flag) + " needs a finite number, got " + quote_arg(text));
 }
 
 double parse_non_negative_double(std::string_view flag, std::string_view text) {

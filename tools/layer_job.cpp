@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include <tbb/global_control.h>
@@ -63,9 +66,20 @@ std::size_t parse_layer_index(std::string_view text) {
 /// A --model flag that disagrees with config.json: a usage error naming both.
 template <class T>
 void check_flag(const char* flag, const std::optional<T>& given, T actual, const char* field) {
+  // Numbers in full (std::to_string's 6 decimals printed 0.250000 for both
+  // sides of 0.2500001 against 0.25).
+  auto text = [](T value) {
+    if constexpr (std::is_integral_v<T>) {
+      return std::to_string(value);
+    } else {
+      char buffer[40];
+      std::snprintf(buffer, sizeof buffer, "%.*g", std::numeric_limits<T>::max_digits10, double(value));
+      return std::string(buffer);
+    }
+  };
   if (given && *given != actual)
-    throw usage_error(std::string(flag) + " " + std::to_string(*given) + " contradicts config.json's " + field + " (" +
-                      std::to_string(actual) + ")");
+    throw usage_error(std::string(flag) + " " + text(*given) + " contradicts config.json's " + field + " (" +
+                      text(actual) + ")");
 }
 
 /// Step 4: the layer from --weights and the layer flags, or from --model.
