@@ -308,6 +308,17 @@ std::size_t weight_bytes(const demo_options& o, precision compute) {
   return elements * (compute == precision::bf16 ? 2 : 4);
 }
 
+/// The demo's cache geometry over `dtype` (its pool sized by make_sized_cache).
+kv_cache_config cache_geometry(const demo_options& o, kv_dtype dtype) {
+  kv_cache_config geometry;
+  geometry.num_layers = o.layers;
+  geometry.num_kv_heads = o.kv_heads;
+  geometry.head_dim = o.head_dim;
+  geometry.dtype = dtype;
+  geometry.block_size = o.block_size;
+  return geometry;
+}
+
 /// What one decode run leaves for the --kv-dtype all / --precision all table.
 struct demo_run {
   precision compute;
@@ -325,13 +336,7 @@ demo_run run_one(const demo_options& o, precision compute, kv_dtype dtype, simd_
   // 2. Cache, prompt, layers (allocations first: a size too large fails
   // before any output). history[b][p] is the input row of position p of
   // sequence b: the prompt, then each decoded token's fed-back input.
-  kv_cache_config geometry;
-  geometry.num_layers = o.layers;
-  geometry.num_kv_heads = o.kv_heads;
-  geometry.head_dim = o.head_dim;
-  geometry.dtype = dtype;
-  geometry.block_size = o.block_size;
-  kv_cache cache = make_sized_cache(geometry, B, context);
+  kv_cache cache = make_sized_cache(cache_geometry(o, dtype), B, context);
   const std::size_t history_rows = context + 1;
   std::vector<float> history(floats_for({B, history_rows, D}));
   const auto row = [&](std::size_t b, std::size_t p) { return history.data() + (b * history_rows + p) * D; };
@@ -532,15 +537,8 @@ std::size_t usable_memory_bytes() {
 void check_memory_need(const demo_options& o) {
   std::size_t weights = 0, cache = 0;
   for (const precision compute : o.precisions) weights = std::max(weights, weight_bytes(o, compute));
-  for (const kv_dtype dtype : o.dtypes) {
-    kv_cache_config geometry;
-    geometry.num_layers = o.layers;
-    geometry.num_kv_heads = o.kv_heads;
-    geometry.head_dim = o.head_dim;
-    geometry.dtype = dtype;
-    geometry.block_size = o.block_size;
-    cache = std::max(cache, sized_cache_pool(geometry, o.batch, o.prompt + o.tokens).bytes);
-  }
+  for (const kv_dtype dtype : o.dtypes)
+    cache = std::max(cache, sized_cache_pool(cache_geometry(o, dtype), o.batch, o.prompt + o.tokens).bytes);
   // The history, the prefill's input and output rows, every run's decoded rows.
   const std::size_t runs = o.precisions.size() * o.dtypes.size();
   const std::size_t rows = sizeof(float) * (floats_for({o.batch, o.prompt + o.tokens + 1, o.d_model}) +
