@@ -21,6 +21,7 @@
 #include <tbb/task_arena.h>
 
 #include "engine/cache/kv_cache_internals.hpp"
+#include "engine/scheduler/arena.hpp"
 #include "kvhead/attention.hpp"
 #include "kvhead/config.hpp"
 #include "kvhead/kv_cache.hpp"
@@ -222,7 +223,8 @@ TEST_CASE("set_num_threads: calls run in an arena of that size, with the same bi
   const std::size_t cpus = std::size_t(std::max(1, tbb::info::default_concurrency()));
   for (std::size_t threads : {std::size_t(1), std::size_t(3), cpus + 1}) {
     kvhead::set_num_threads(threads);
-    CHECK(kvhead::num_threads() == std::min(threads, cpus));  // capped at the CPUs
+    CHECK(kvhead::num_threads() == threads);                                                       // the setting
+    CHECK(kvhead::engine::configured_arena()->max_concurrency() == int(std::min(threads, cpus)));  // no more than run
     CHECK(same_bits(f.full(x, 40).data(), expected.data(), expected.size()));
   }
   kvhead::set_num_threads(0);

@@ -29,12 +29,13 @@ void set_num_threads(std::size_t threads) {
   if (threads > 4096)
     throw std::invalid_argument("set_num_threads: " + std::to_string(threads) + " threads is more than 4096");
   // More threads than the CPUs this process may use would not run (oneTBB
-  // caps its workers there and warns on stderr): capped, as the C API does.
-  if (threads > 0) threads = std::min<std::size_t>(threads, std::size_t(std::max(1, tbb::info::default_concurrency())));
+  // caps its workers there and warns on stderr): the arena is capped, as the
+  // C API's is; num_threads() still returns the setting.
+  const std::size_t cpus = std::size_t(std::max(1, tbb::info::default_concurrency()));
   arena_setting& current = setting();
   const std::lock_guard lock(current.mutex);
   current.threads = threads;
-  current.arena = threads == 0 ? nullptr : std::make_shared<tbb::task_arena>(static_cast<int>(threads));
+  current.arena = threads == 0 ? nullptr : std::make_shared<tbb::task_arena>(static_cast<int>(std::min(threads, cpus)));
 }
 
 std::size_t num_threads() {

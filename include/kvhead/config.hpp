@@ -83,7 +83,7 @@ KVHEAD_API const char* kernel_config_name();
 /// caller's oneTBB task arena — all cores unless the caller made a smaller
 /// arena. n > 0: every call runs in a process-wide task arena of n threads,
 /// at most as many as the CPUs this process may use (more would not run:
-/// capped there, and num_threads() returns the threads the arena has).
+/// the arena is capped there; num_threads() returns n, the setting).
 /// Nothing in kvhead starts threads of its own either way. Results never
 /// depend on the thread count. Throws std::invalid_argument above 4096.
 KVHEAD_API void set_num_threads(std::size_t threads);
