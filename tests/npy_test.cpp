@@ -3,6 +3,7 @@
 // the writer's failure paths (nothing left behind, old file untouched).
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,7 +18,6 @@
 #include <random>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "engine/io/npy.hpp"
@@ -354,13 +354,20 @@ TEST_CASE("npy: write follows a symbolic link, writes a device or FIFO in place,
   REQUIRE(::stat("/dev/null", &device) == 0);
   CHECK(S_ISCHR(device.st_mode));
 
-  // A FIFO: its reader gets the whole file, the FIFO stays.
+  // A FIFO: nobody reading it is an error (not a hang); its reader gets the
+  // whole file (small enough for the pipe's buffer), the FIFO stays.
   const std::string fifo = dir.file("pipe");
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
-  std::string received;
-  std::thread reader([&] { received = read_file(fifo); });
+  CHECK_THROWS_WITH_AS(write_npy(fifo, {2}, values.data()), doctest::Contains("is a FIFO that no process is reading"),
+                       file_error);
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  REQUIRE(reader >= 0);
   write_npy(fifo, {2}, values.data());
-  reader.join();
+  std::string received(4096, '\0');
+  const ssize_t got = ::read(reader, received.data(), received.size());
+  ::close(reader);
+  REQUIRE(got > 0);
+  received.resize(std::size_t(got));
   write_file(dir.file("copy.npy"), received);
   CHECK(read_npy(dir.file("copy.npy")).values == values);
   struct stat pipe {};

@@ -47,8 +47,14 @@ output_file::output_file(const std::string& path) : path_(path), target_(file_wr
   struct stat existing {};
   if (::stat(target_.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
     if (S_ISDIR(existing.st_mode)) throw file_error(path_, "is a directory, not a file name");
-    descriptor_ = ::open(target_.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+    // Opened without blocking, so that a FIFO nobody reads is an error, not a
+    // hang; then the writes block as a pipe's do, while its reader reads.
+    descriptor_ = ::open(target_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (descriptor_ < 0 && errno == ENXIO && S_ISFIFO(existing.st_mode))
+      throw file_error(path_, "is a FIFO that no process is reading");
     if (descriptor_ < 0) fail("cannot open", target_);
+    const int flags = ::fcntl(descriptor_, F_GETFL);
+    if (flags < 0 || ::fcntl(descriptor_, F_SETFL, flags & ~O_NONBLOCK) != 0) fail("cannot set up", target_);
     return;
   }
   temporary_ = temporary_name(target_);

@@ -16,7 +16,8 @@ namespace kvhead::io {
 /// existing file at `path` is left untouched. A symbolic link is followed: the
 /// file it names is replaced, the link stays. A device, FIFO or socket (say
 /// /dev/null or a named pipe) is written in place: renaming over it would
-/// replace the node itself. (No fsync: atomic against crashes of this process,
+/// replace the node itself (a FIFO that no process is reading is an error,
+/// not a hang). (No fsync: atomic against crashes of this process,
 /// not against power loss.) Every failure throws file_error naming `path`.
 class output_file {
  public:
