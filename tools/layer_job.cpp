@@ -28,13 +28,6 @@ namespace {
 // decide (a --heads that does not divide q_proj's rows is a file error).
 constexpr std::size_t max_heads = std::size_t(1) << 32;
 
-// A file a model folder's reader may open: config.json, the safetensors
-// index, a shard.
-bool model_file(const std::filesystem::path& file) {
-  const std::string name = file.filename().string();
-  return name == "config.json" || name == "model.safetensors.index.json" || file.extension() == ".safetensors";
-}
-
 /// [batch, seq, d_model] or [seq, d_model] (batch 1), at least one token.
 input_dims check_input(const std::string& path, const io::npy_array& input) {
   const std::vector<std::size_t>& shape = input.shape;
@@ -133,7 +126,7 @@ layer_job parse_layer_job(const parsed_flags& flags) {
   return job;
 }
 
-void check_output_path(const std::string& output, std::initializer_list<read_path> inputs) {
+void check_output_path(const std::string& output, const std::vector<read_path>& inputs) {
   namespace fs = std::filesystem;
   std::error_code error;
   const fs::path path(output);
@@ -142,19 +135,10 @@ void check_output_path(const std::string& output, std::initializer_list<read_pat
   if (!fs::is_directory(folder, error))
     throw io::file_error(output, "cannot write: folder " + quote_arg(folder.string()) + " does not exist");
   if (!fs::exists(path, error)) return;
-  for (const read_path& input : inputs) {
-    const fs::path read(input.path);
-    bool same = false;
-    if (fs::is_directory(read, error)) {
-      for (const fs::directory_entry& entry : fs::directory_iterator(read, error))
-        same = same || (model_file(entry.path()) && fs::equivalent(entry.path(), path, error));
-    } else {
-      same = fs::equivalent(read, path, error);
-    }
-    if (same)
+  for (const read_path& input : inputs)
+    if (fs::equivalent(fs::path(input.path), path, error))
       throw io::file_error(output, std::string("is a file that ") + input.flag +
                                        " names, which this command reads: the output would destroy it");
-  }
 }
 
 int run_layer_job(const layer_job& job, const layer_forward& forward) {
@@ -162,8 +146,12 @@ int run_layer_job(const layer_job& job, const layer_forward& forward) {
   (void)active_simd_path();
   (void)current_reduction_order();
   // 3. Output folder.
-  check_output_path(job.output, {{"--input", job.input},
-                                 job.model ? read_path{"--model", *job.model} : read_path{"--weights", job.weights}});
+  const std::vector<std::string> model_files =
+      job.model ? io::model_folder_files(*job.model) : std::vector<std::string>{};
+  std::vector<read_path> inputs = {{"--input", job.input}};
+  if (!job.model) inputs.push_back({"--weights", job.weights});
+  for (const std::string& file : model_files) inputs.push_back({"--model", file});
+  check_output_path(job.output, inputs);
 
   // Let the arena really have `threads` threads (oneTBB otherwise caps it at
   // the CPU count and warns on stderr).

@@ -13,11 +13,11 @@
 
 #include <cstddef>
 #include <functional>
-#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "engine/io/layer_loader.hpp"
 #include "kvhead/attention.hpp"
@@ -66,7 +66,8 @@ using layer_forward =
 /// Steps 2 to 7 above; returns exit_ok or throws (run_guarded maps it).
 int run_layer_job(const layer_job& job, const layer_forward& forward);
 
-/// A file, or a model folder, that a command reads, and the flag naming it.
+/// A file that a command reads, and the flag naming it (--model: each file
+/// io::model_folder_files lists).
 struct read_path {
   const char* flag;
   std::string_view path;
@@ -74,10 +75,9 @@ struct read_path {
 
 /// Fails early (io::file_error) when `output` cannot possibly be written: a
 /// folder, or a file in a folder that does not exist, or when it is one of
-/// the files the command reads (`inputs`; of a model folder, its config.json
-/// and safetensors files), which writing it would destroy. The write itself
-/// is still checked.
-void check_output_path(const std::string& output, std::initializer_list<read_path> inputs = {});
+/// the files the command reads (`inputs`), which writing it would destroy.
+/// The write itself is still checked.
+void check_output_path(const std::string& output, const std::vector<read_path>& inputs = {});
 
 /// Help paragraphs shared by run and decode: the flags from --weights to
 /// --help (`causal_line` replaces the --causal description), the flag

@@ -33,6 +33,27 @@ bool present(const fs::path& path) {
   return fs::symlink_status(path, error).type() != fs::file_type::not_found && !error;
 }
 
+// The index's weight_map, tensor -> shard file name, each name checked to be
+// a plain file name in the folder; file_error otherwise.
+std::map<std::string, std::string> read_weight_map(const std::string& index_path) {
+  const nlohmann::json index = read_json_object(index_path);
+  const auto map = index.find("weight_map");
+  if (map == index.end() || !map->is_object())
+    throw file_error(index_path, "has no object 'weight_map' (tensor name -> shard file)");
+  std::map<std::string, std::string> shard_of;
+  for (const auto& [tensor, shard] : map->items()) {
+    if (!shard.is_string())
+      throw file_error(index_path, "weight_map entry " + quote_name(tensor) + " is " + json_type_name(shard) +
+                                       ", not a shard file name");
+    const std::string name = shard.get<std::string>();
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+        name.find('\0') != std::string::npos)  // a NUL would cut the path short: another file
+      throw file_error(index_path, "shard " + quote_name(name) + " is not a plain file name in the folder");
+    shard_of.emplace(tensor, name);
+  }
+  return shard_of;
+}
+
 // 2. The folder's tensors: each name in exactly one file.
 class model_weights {
  public:
@@ -70,23 +91,9 @@ class model_weights {
   }
 
   void open_shards(const fs::path& folder, const std::string& index_path) {
-    const nlohmann::json index = read_json_object(index_path);
-    const auto map = index.find("weight_map");
-    if (map == index.end() || !map->is_object())
-      throw file_error(index_path, "has no object 'weight_map' (tensor name -> shard file)");
-    std::map<std::string, std::string> shard_of;  // tensor -> shard file name
+    const std::map<std::string, std::string> shard_of = read_weight_map(index_path);
     std::set<std::string> shards;
-    for (const auto& [tensor, shard] : map->items()) {
-      if (!shard.is_string())
-        throw file_error(index_path, "weight_map entry " + quote_name(tensor) + " is " + json_type_name(shard) +
-                                         ", not a shard file name");
-      const std::string name = shard.get<std::string>();
-      if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
-          name.find('\0') != std::string::npos)  // a NUL would cut the path short: another file
-        throw file_error(index_path, "shard " + quote_name(name) + " is not a plain file name in the folder");
-      shard_of.emplace(tensor, name);
-      shards.insert(name);
-    }
+    for (const auto& entry : shard_of) shards.insert(entry.second);
     for (const std::string& shard : shards) {
       if (!present(folder / shard)) {
         const auto named =
@@ -224,6 +231,18 @@ class layer_reader {
 };
 
 }  // namespace
+
+std::vector<std::string> model_folder_files(const std::string& folder) {
+  const fs::path root(folder), single = root / "model.safetensors", index = root / "model.safetensors.index.json";
+  std::vector<std::string> files = {(root / "config.json").string(), single.string(), index.string()};
+  if (present(single) || !present(index)) return files;
+  try {
+    for (const auto& entry : read_weight_map(index.string())) files.push_back((root / entry.second).string());
+  } catch (const file_error&) {
+    // A bad index fails the load itself, before any output is written.
+  }
+  return files;
+}
 
 std::string model_config_path(const std::string& folder) {
   std::error_code error;

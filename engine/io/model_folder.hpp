@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "engine/io/layer_loader.hpp"
 #include "engine/io/model_config.hpp"
@@ -33,6 +34,11 @@ struct model_layer {
   model_layer_spec spec;
   loaded_layer layer;  // layer.config == spec.config
 };
+
+/// The files load_model_layer may read in DIR: config.json, model.safetensors,
+/// the index and the shards it names (whether they exist or not; a bad
+/// index names no shard). Never throws file_error.
+std::vector<std::string> model_folder_files(const std::string& folder);
 
 /// DIR/config.json; file_error when DIR is not a folder or has none.
 std::string model_config_path(const std::string& folder);
