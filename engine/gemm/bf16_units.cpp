@@ -27,7 +27,7 @@ constexpr int arch_req_xcomp_perm = 0x1023;
 constexpr int xfeature_xtiledata = 18;
 
 sigjmp_buf self_test_escape;
-extern "C" void escape_from_fault(int) { siglongjmp(self_test_escape, 1); }
+void escape_from_fault(int) { siglongjmp(self_test_escape, 1); }
 
 // Runs run(context) on this thread; false when it raised SIGILL or SIGSEGV.
 // The run is then abandoned without unwinding its frames: the driver owns no

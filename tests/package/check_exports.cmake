@@ -2,7 +2,7 @@
 # kvh_* C function or belongs to namespace kvhead outside its internal parts
 # (engine, io, capi, the pimpls); none is from nlohmann_json, xsimd, oneTBB
 # or the standard library.
-# Run as: cmake -DLIBRARY=<libkvhead.so> -P check_exports.cmake
+# Run as: cmake -DLIBRARY=<libkvhead.so> [-DSTATIC_LIBRARY=<libkvhead.a>] -P check_exports.cmake
 cmake_policy(VERSION 3.25)
 find_program(NM nm REQUIRED)
 find_program(CXXFILT c++filt REQUIRED)
@@ -33,3 +33,34 @@ if(NOT leaked STREQUAL "")
 endif()
 list(LENGTH lines count)
 message(STATUS "${LIBRARY}: ${count} exported symbols, none internal")
+
+# The static library: its objects' strong global symbols (T, D, B, R) are all
+# kvh_* C functions or in namespace kvhead (mangled _ZN6kvhead..., its
+# vtables and typeinfo), so that none can clash with a symbol of the program
+# it is linked into (an unprefixed extern "C" helper did). Weak symbols (the
+# instantiations of std, oneTBB and xsimd templates) merge with the program's.
+if(STATIC_LIBRARY)
+  execute_process(COMMAND ${NM} -g --defined-only ${STATIC_LIBRARY} OUTPUT_VARIABLE symbols RESULT_VARIABLE result)
+  if(NOT result EQUAL 0)
+    message(FATAL_ERROR "nm failed on ${STATIC_LIBRARY}")
+  endif()
+  string(REPLACE "\n" ";" lines "${symbols}")
+  set(strong 0)
+  set(clashing "")
+  foreach(line IN LISTS lines)
+    if(line MATCHES "^[0-9a-f]+ [TDBR] (.+)$")
+      set(name "${CMAKE_MATCH_1}")
+      math(EXPR strong "${strong} + 1")
+      if(NOT name MATCHES "^(kvh_|_ZN6kvhead|_ZNK6kvhead|_ZT[VIS]N6kvhead)")
+        string(APPEND clashing "  ${name}\n")
+      endif()
+    endif()
+  endforeach()
+  if(strong EQUAL 0)
+    message(FATAL_ERROR "${STATIC_LIBRARY} defines no strong global symbol:\n${symbols}")
+  endif()
+  if(NOT clashing STREQUAL "")
+    message(FATAL_ERROR "${STATIC_LIBRARY} defines global symbols outside kvh_* and namespace kvhead:\n${clashing}")
+  endif()
+  message(STATUS "${STATIC_LIBRARY}: ${strong} strong global symbols, all kvh_* or kvhead::")
+endif()
