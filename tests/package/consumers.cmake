@@ -3,7 +3,9 @@
 # outside kvhead's tree,
 #   1. build tests/package/consumer (C++) with find_package(kvhead CONFIG),
 #      against the shared and the static library, and run both;
-#   2. compile tests/capi_example.c (C) with the flags of
+#   2. build tests/package/c_consumer (C only: tests/capi_example.c) with
+#      find_package(kvhead CONFIG), against both libraries, and run both;
+#   3. compile tests/capi_example.c (C) with the flags of
 #      `pkg-config --cflags --libs kvhead` and run it on golden weights.
 # Arguments: SANITIZED, BUILD_DIR, WORK_DIR, GENERATOR, C_COMPILER,
 # CXX_COMPILER, SOURCE_DIR (tests/).
@@ -35,7 +37,17 @@ run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
 run(${WORK_DIR}/consumer/consumer_shared)
 run(${WORK_DIR}/consumer/consumer_static)
 
-# 2. C through pkg-config (the .pc file finds the prefix from its own folder).
+# 2. C through the CMake package, in a project that enables no C++: the static
+# library brings its C++ runtime along.
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/package/c_consumer -B ${WORK_DIR}/c_consumer_cmake -G ${GENERATOR}
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=${C_COMPILER} -DCMAKE_PREFIX_PATH=${prefix})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/c_consumer_cmake)
+foreach(library IN ITEMS kvhead kvhead_static)
+  run(${WORK_DIR}/c_consumer_cmake/c_consumer_${library} ${SOURCE_DIR}/data/golden/gqa_causal_rope/weights.safetensors 8 2
+      10000)
+endforeach()
+
+# 3. C through pkg-config (the .pc file finds the prefix from its own folder).
 find_program(PKG_CONFIG pkg-config REQUIRED)
 file(GLOB pc_file ${prefix}/lib*/pkgconfig/kvhead.pc ${prefix}/lib*/*/pkgconfig/kvhead.pc)
 if(NOT pc_file)
