@@ -86,6 +86,34 @@ def main():
         check("a float64, strided, Fortran-ordered x reads as its float32 copy",
               np.array_equal(layer.forward(np.asfortranarray(np.repeat(x, 2, axis=0)[::2].astype(np.float64))),
                              layer.forward(x)))
+        # Arrays whose buffer is not aligned for their type (C reads whole int64s and floats): copied, same result.
+        def misaligned(values, dtype):
+            values = np.asarray(values, dtype=dtype)
+            array = np.ndarray(values.shape, dtype=dtype, buffer=bytearray(values.nbytes + 1), offset=1)
+            array[...] = values
+            return array
+        for convert, dtype in ((kvhead_ctypes._int64s, np.int64), (kvhead_ctypes._floats, np.float32)):
+            passed = convert(misaligned([1, 2], dtype), "values")[0]
+            check(f"{convert.__name__} hands C an aligned copy of a misaligned {np.dtype(dtype).name} buffer",
+                  passed.ctypes.data % np.dtype(dtype).alignment == 0)
+        third, fourth = cache.create(), cache.create()
+        check("misaligned seq_ids, num_tokens and x give the aligned arrays' bits",
+              np.array_equal(cache.decode(layer, misaligned([third], np.int64), misaligned([2], np.int64),
+                                          misaligned(x[:2], np.float32)),
+                             cache.decode(layer, [fourth], [2], x[:2])))
+        # Messages name the shape given, and the exact count expected.
+        for name, call in (("forward", lambda: layer.forward(np.float32(1))),
+                           ("decode", lambda: cache.decode(layer, [third], [1], np.float32(1)))):
+            try:
+                call()
+                failures.append(f"a 0-d x to {name}: accepted")
+            except ValueError as raised:
+                check(f"a 0-d x to {name} is named as shape (): {raised}", "shape ()" in str(raised))
+        try:
+            cache.decode(layer, [third, fourth], [1 << 62, 1 << 62], x[:1])
+            failures.append("num_tokens summing beyond int64: accepted")
+        except ValueError as raised:
+            check(f"num_tokens summing beyond int64 is named exactly: {raised}", f"= {1 << 63}," in str(raised))
         check("num_layers is the cache's", cache.num_layers == 1)
     refuses("free_tokens of a destroyed cache", kvhead_ctypes.KvheadError, lambda: cache.free_tokens)
     # A model folder's layer, against its expected output.

@@ -185,20 +185,21 @@ def _array(name, values):
 
 
 def _floats(array, name="x"):
-    """array (real numbers) as C-contiguous float32 and a pointer to it (keep the array alive while the pointer is
-    used)."""
+    """array (real numbers) as C-contiguous, aligned float32 of the same shape (0-d stays 0-d, so that errors name
+    the caller's shape) and a pointer to it (keep the array alive while the pointer is used)."""
     source = _array(name, array)
     if source.dtype.kind not in "fiub":
         raise TypeError(f"{name} must hold real numbers, got dtype {source.dtype}")
     with np.errstate(over="ignore"):
-        array = np.ascontiguousarray(source, dtype=np.float32)
+        array = np.require(source, dtype=np.float32, requirements=["C", "A"])
     if source.dtype.kind == "f" and source.dtype.itemsize > 4 and np.any(np.isinf(array) & np.isfinite(source)):
         raise ValueError(f"{name} holds finite values beyond float32's range")
     return array, array.ctypes.data_as(_float_p)
 
 
 def _int64s(values, name):
-    """values (integers, or an empty list) as a C-contiguous int64 array and a pointer to it."""
+    """values (integers, or an empty list) as a C-contiguous, aligned int64 array and a pointer to it (a misaligned
+    buffer is copied: the C API reads whole int64s)."""
     source = _array(name, values)
     if source.size == 0:
         source = source.astype(np.int64)
@@ -206,7 +207,7 @@ def _int64s(values, name):
         raise TypeError(f"{name} must hold integers within int64, got dtype {source.dtype}")
     if source.dtype.kind == "u" and source.size and int(source.max()) > _INT64[1]:
         raise ValueError(f"{name} holds values beyond int64")
-    array = np.ascontiguousarray(source, dtype=np.int64)
+    array = np.require(source, dtype=np.int64, requirements=["C", "A"])
     return array, array.ctypes.data_as(_int64_p)
 
 
@@ -346,9 +347,9 @@ class Cache:
         if ids.shape != tokens.shape or ids.ndim != 1:
             raise ValueError("seq_ids and num_tokens must be lists of one length")
         x, x_p = _floats(x)
-        if x.shape != (int(tokens.sum()), layer.d_model):
-            raise ValueError(f"x has shape {x.shape}; expected [sum(num_tokens) = {int(tokens.sum())}, "
-                             f"{layer.d_model}]")
+        total = sum(int(count) for count in tokens.tolist())  # exact: an int64 sum could wrap
+        if x.shape != (total, layer.d_model):
+            raise ValueError(f"x has shape {x.shape}; expected [sum(num_tokens) = {total}, {layer.d_model}]")
         y = np.empty_like(x)
         return (ids, tokens, x, y), (ids_p, tokens_p, len(ids), x_p, y.ctypes.data_as(_float_p))
 
