@@ -4,7 +4,8 @@
 //     the problem, and that the cache is unchanged (lengths, free tokens, and
 //     at the end that decoding continues bit-identically);
 //   - decoding (one layer, several layers, forks, a cache outliving its
-//     layer, per-layer threads, concurrent callers) against
+//     layer, per-layer threads, concurrent callers, calls in the tasks of a
+//     caller's oneTBB loop) against
 //     kvh_layer_forward with causal = 1, bit for bit;
 //   - the last-error, id and options (ABI) rules.
 #include <doctest/doctest.h>
@@ -18,6 +19,11 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include "kvhead/kvhead.h"
 #include "tests/io_test_files.hpp"
@@ -686,6 +692,73 @@ TEST_CASE("C API: threads decoding distinct sequences of one cache concurrently"
   for (std::size_t i = 0; i < callers; ++i) {
     CHECK(failures[i] == 0);
     CHECK(same_bits(y[i], forward(layer, x[i])));
+  }
+  kvh_cache_destroy(cache);
+  kvh_layer_close(layer);
+}
+
+TEST_CASE("C API: kvh_decode in each iteration of a user's parallel_for, one sequence each") {
+  // threads = 0: the calls run in the caller's arena. A thread waiting for
+  // its call's tasks took another iteration of the user's loop and started a
+  // second kvh_decode on its stack, which overwrote the first's per-thread
+  // batch: the first then marked the other sequences' K/V written (refusing
+  // later calls) or its own not. The layer is large enough that a call runs
+  // many tasks.
+  temp_dir dir;
+  constexpr std::size_t wide = 512, wide_heads = 8, wide_kv_heads = 2, wide_head_dim = 64;
+  std::mt19937 random(5);
+  const std::string path = dir.file("wide.safetensors");
+  kvhead::test::write_file(path, kvhead::test::safetensors_bytes({
+                                     tensor("q_proj.weight", wide_heads * wide_head_dim, wide, random),
+                                     tensor("k_proj.weight", wide_kv_heads * wide_head_dim, wide, random),
+                                     tensor("v_proj.weight", wide_kv_heads * wide_head_dim, wide, random),
+                                     tensor("o_proj.weight", wide, wide_heads * wide_head_dim, random),
+                                 }));
+  kvh_layer_options options = default_options();
+  options.num_heads = wide_heads;
+  options.num_kv_heads = wide_kv_heads;
+  kvh_layer* layer = open_layer(path, options);
+  kvh_cache* cache = nullptr;
+  REQUIRE(kvh_cache_create(layer, std::size_t(256) << 20, &cache) == KVH_OK);
+  constexpr std::size_t sequences = 16, steps = 40, chunk = 16;
+  std::vector<int64_t> ids(sequences);
+  std::vector<std::size_t> prompts(sequences);
+  std::vector<std::vector<float>> x(sequences), y(sequences);
+  for (std::size_t s = 0; s < sequences; ++s) {
+    REQUIRE(kvh_sequence_create(cache, &ids[s]) == KVH_OK);
+    prompts[s] = 100 + 37 * s;
+    x[s] = kvhead::testing::random_values((prompts[s] + steps * chunk) * wide, random, 1.0f);
+    y[s].resize(x[s].size());
+    const int64_t tokens = int64_t(prompts[s]);
+    REQUIRE(kvh_decode(layer, cache, &ids[s], &tokens, 1, x[s].data(), y[s].data()) == KVH_OK);
+  }
+  std::vector<std::string> errors(sequences);
+  // More threads than CPUs (as a server's pool may have), so that threads
+  // often wait in a call while iterations are left to take.
+  const tbb::global_control oversubscribed(tbb::global_control::max_allowed_parallelism, 8);
+  tbb::task_arena user_arena(8);
+  for (std::size_t step = 0; step < steps; ++step)
+    user_arena.execute([&] {
+      tbb::parallel_for(
+          tbb::blocked_range<std::size_t>(0, sequences, 1),
+          [&](const tbb::blocked_range<std::size_t>& range) {
+            for (std::size_t s = range.begin(); s != range.end(); ++s) {
+              const int64_t tokens = chunk;
+              const std::size_t row = (prompts[s] + step * chunk) * wide;
+              if (kvh_decode(layer, cache, &ids[s], &tokens, 1, x[s].data() + row, y[s].data() + row) != KVH_OK &&
+                  errors[s].empty())
+                errors[s] = kvh_last_error();
+            }
+          },
+          tbb::simple_partitioner());
+    });
+  for (std::size_t s = 0; s < sequences; ++s) {
+    CAPTURE(s);
+    CHECK(errors[s] == "");
+    CHECK(kvh_sequence_length(cache, ids[s]) == int64_t(prompts[s] + steps * chunk));
+    std::vector<float> expected(x[s].size());
+    REQUIRE(kvh_layer_forward(layer, x[s].data(), 1, int64_t(x[s].size() / wide), 1, expected.data()) == KVH_OK);
+    CHECK(same_bits(y[s], expected));
   }
   kvh_cache_destroy(cache);
   kvh_layer_close(layer);

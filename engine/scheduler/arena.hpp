@@ -57,14 +57,24 @@ std::shared_ptr<tbb::task_arena> configured_arena();
 /// Runs `work` in the configured arena (or the caller's), as one task whose
 /// context holds the default floating-point environment, so that every task
 /// it spawns, on any thread, computes in it. Exceptions propagate.
+/// Called from a task of the caller's own (a kvhead call in each iteration
+/// of a user's parallel_for), the work is cut off from the caller's tasks
+/// both ways: its context is isolated, not bound to the caller's, so that an
+/// exception in another iteration, which cancels the caller's group, cannot
+/// cancel kvhead's loops half done (the call then returned normally with
+/// part of its output, and of a cache's K/V, never computed); and the
+/// calling thread, while it waits for its tasks, runs none of the caller's
+/// (this_task_arena::isolate), so no other kvhead call starts on its stack
+/// in the middle of this one (the C API's per-thread batch scratch was
+/// overwritten so).
 template <class Work>
 void run_in_arena(const Work& work) {
   const auto run = [&] {
     const default_fp_environment environment;
-    tbb::task_group_context context;
+    tbb::task_group_context context(tbb::task_group_context::isolated);
     context.capture_fp_settings();  // the default environment just set
     tbb::task_group group(context);
-    group.run_and_wait(work);
+    tbb::this_task_arena::isolate([&] { group.run_and_wait(work); });
   };
   const std::shared_ptr<tbb::task_arena> arena = configured_arena();
   if (arena == nullptr) {
