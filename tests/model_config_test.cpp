@@ -312,6 +312,82 @@ TEST_CASE("model config: gpt_oss defaults (HF GptOssConfig): yarn RoPE, theta 15
   CHECK(spec_of(oss, 1).config.rope_theta == 10000.0);
 }
 
+TEST_CASE("model config: null, zero and conflicting fields are read as Hugging Face reads them") {
+  // A null HF computes with (None in arithmetic) is refused, not read as the default.
+  json qwen3 = llama();
+  qwen3["model_type"] = "qwen3";
+  qwen3["rms_norm_eps"] = nullptr;
+  CHECK(names(error_of(qwen3), "field 'rms_norm_eps' is null"));
+  json theta = llama();
+  theta["rope_theta"] = nullptr;
+  CHECK(names(error_of(theta), "field 'rope_theta' is null"));
+  theta.erase("rope_theta");
+  theta["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", nullptr}};
+  CHECK(names(error_of(theta), "field 'rope_parameters.rope_theta' is null"));
+  json gemma2 = llama();
+  gemma2["model_type"] = "gemma2";
+  gemma2["query_pre_attn_scalar"] = nullptr;
+  CHECK(names(error_of(gemma2), "field 'query_pre_attn_scalar' is null"));
+  json phi3 = llama();
+  phi3["model_type"] = "phi3";
+  phi3["partial_rotary_factor"] = nullptr;
+  CHECK(names(error_of(phi3), "field 'partial_rotary_factor' is null"));
+  // A null HF tests for truth: false. yarn's truncate (`get("truncate", True)`, then `if truncate:`):
+  json yarn = llama();
+  yarn["rope_scaling"] = {
+      {"rope_type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", 64}, {"truncate", nullptr}};
+  CHECK(!spec_of(yarn).config.rope_scaling.truncate);
+  yarn["rope_scaling"].erase("truncate");
+  CHECK(spec_of(yarn).config.rope_scaling.truncate);
+  // attention_bias null: nn.Linear(bias=None), no biases, in gpt-oss (default true) too.
+  json oss = llama();
+  oss["model_type"] = "gpt_oss";
+  oss["attention_bias"] = nullptr;
+  CHECK(!spec_of(oss).qkv_bias);
+  CHECK(!spec_of(oss).o_bias);
+  // type and rope_type both given and different: transformers 4.x and 5 disagree.
+  json both = llama();
+  both["rope_scaling"] = {
+      {"rope_type", "linear"}, {"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 256}};
+  CHECK(names(error_of(both), "fields 'rope_scaling.rope_type' ('linear') and 'rope_scaling.type' ('yarn') disagree"));
+  both["rope_scaling"]["rope_type"] = "yarn";  // the same: read
+  CHECK(spec_of(both).config.rope_scaling.type == kvhead::rope_scaling::kind::yarn);
+  // gpt-oss's rope_scaling null: no scaling in transformers 4.55-4.57, its default yarn later.
+  json oss_null = llama();
+  oss_null["model_type"] = "gpt_oss";
+  oss_null["rope_scaling"] = nullptr;
+  CHECK(names(error_of(oss_null), "field 'rope_scaling' is null"));
+  oss_null.erase("rope_scaling");
+  CHECK(spec_of(oss_null).config.rope_scaling.factor == 32.0);
+  // Qwen 2: max_window_layers 0 (every layer slides), and null only where it is read.
+  json qwen2 = llama();
+  qwen2["model_type"] = "qwen2";
+  qwen2["sliding_window"] = 96;
+  qwen2["max_window_layers"] = 0;
+  CHECK(spec_of(qwen2, 0).config.sliding_window == 0);  // use_sliding_window absent: no window
+  qwen2["use_sliding_window"] = true;
+  CHECK(spec_of(qwen2, 0).config.sliding_window == 96);
+  qwen2["max_window_layers"] = nullptr;
+  CHECK(names(error_of(qwen2, 0), "field 'max_window_layers' is null"));
+  qwen2["use_sliding_window"] = false;
+  CHECK(spec_of(qwen2, 0).config.sliding_window == 0);
+  // No head_dim: hidden_size // num_attention_heads, a remainder or not.
+  json uneven = llama();
+  uneven["hidden_size"] = 66;
+  CHECK(spec_of(uneven).config.head_dim == 16);
+  CHECK(spec_of(uneven).config.d_model == 66);
+  uneven["hidden_size"] = 3;
+  CHECK(names(error_of(uneven), "hidden_size 3 // num_attention_heads 4 is 0"));
+  // llama3: a factor below 1 and frequency factors out of order, which HF only warns about.
+  json llama3 = llama();
+  llama3["rope_scaling"] = {{"rope_type", "llama3"},
+                            {"factor", 0.5},
+                            {"low_freq_factor", 4.0},
+                            {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 8192}};
+  CHECK(spec_of(llama3).config.rope_scaling.factor == 0.5);
+}
+
 TEST_CASE("model config: fields of the wrong type or value name the field") {
   json bad = llama();
   bad["num_attention_heads"] = "4";
@@ -365,10 +441,13 @@ TEST_CASE("model config: values the layer would refuse are refused here, naming 
   bad = llama();
   bad["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", 8.0},
-                         {"low_freq_factor", 4.0},
+                         {"low_freq_factor", 0.0},
                          {"high_freq_factor", 4.0},
                          {"original_max_position_embeddings", 8192}};
-  CHECK(names(error_of(bad), "field 'rope_scaling': llama3 rope_scaling needs 0 < low_freq_factor"));
+  CHECK(names(error_of(bad), "field 'rope_scaling': llama3 rope_scaling needs positive low_freq_factor"));
+  bad = llama();
+  bad["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 1e-308}};  // every angle past position 1 infinite
+  CHECK(names(error_of(bad), "field 'rope_scaling': rope_scaling factor 1e-308 is too small"));
   bad = llama();
   bad["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 0}};
   CHECK(names(error_of(bad), "field 'rope_parameters': rope_scaling original_max_position_embeddings"));

@@ -36,6 +36,12 @@ std::pair<rope_variant, rope_scaling> random_variant(rope_kind kind, std::size_t
   v.original_length = std::round(std::pow(2.0, 4.0 + 10.0 * unit(generator)));
   v.low_freq_factor = 0.5 + unit(generator);
   v.high_freq_factor = v.low_freq_factor + 0.5 + 4.0 * unit(generator);
+  // llama3 as HF computes it when it only warns: frequency factors equal or
+  // out of order (no medium band), a factor below 1.
+  const unsigned llama3_case = generator() % 4;
+  if (llama3_case == 1) v.high_freq_factor = v.low_freq_factor;
+  if (llama3_case == 2) v.high_freq_factor = v.low_freq_factor * (0.2 + 0.7 * unit(generator));
+  if (llama3_case == 3 && kind == rope_kind::llama3) v.factor = 0.1 + 0.8 * unit(generator);
   v.beta_fast = 8.0 + 40.0 * unit(generator);
   v.beta_slow = 0.5 + unit(generator);
   v.truncate = generator() % 2 == 0;
@@ -203,8 +209,10 @@ TEST_CASE("attention_layer: the new options are checked") {
   c.rope_scaling.factor = 8.0;
   rejects(c, weights, "original_max_position_embeddings");
   c.rope_scaling.original_max_position_embeddings = 8192.0;
-  c.rope_scaling.high_freq_factor = 0.5;
-  rejects(c, weights, "low_freq_factor < high_freq_factor");
+  c.rope_scaling.high_freq_factor = -0.5;
+  rejects(c, weights, "positive low_freq_factor and high_freq_factor");
+  c.rope_scaling.high_freq_factor = 0.5;  // below low_freq_factor: HF only warns
+  CHECK_NOTHROW(kvhead::attention_layer(c, weights));
   c = config();
   c.rope_scaling.type = rope_scaling::kind::linear;
   c.rope_scaling.factor = 0.0;

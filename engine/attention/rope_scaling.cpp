@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
+
+#include "engine/arch/require.hpp"
 
 namespace kvhead::engine {
 
@@ -24,7 +27,10 @@ void scale_llama3(std::vector<double>& inv_freq, const rope_scaling& s) {
     const double wavelen = 2.0 * std::numbers::pi / f;
     if (wavelen > low_freq_wavelen) {
       f /= s.factor;
-    } else if (wavelen >= high_freq_wavelen) {
+    } else if (wavelen >= high_freq_wavelen && s.high_freq_factor > s.low_freq_factor) {
+      // The medium band; none when high_freq_factor <= low_freq_factor (HF
+      // warns and computes the same, but at a wavelength exactly on both
+      // bounds, where it divides 0 by 0).
       const double smooth =
           (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
       f = (1.0 - smooth) * f / s.factor + smooth * f;
@@ -89,12 +95,15 @@ std::string rope_scaling_problem(const rope_scaling& s, double rope_theta) {
   for (const double value : {s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings,
                              s.beta_fast, s.beta_slow, s.mscale, s.mscale_all_dim})
     if (!std::isfinite(value)) return "rope_scaling numbers must be finite";
-  if (!(s.factor > 0.0)) return "rope_scaling factor must be positive, got " + std::to_string(s.factor);
-  if (s.type == kind::llama3) {
-    if (s.factor < 1.0) return "llama3 rope_scaling factor must be >= 1, got " + std::to_string(s.factor);
-    if (!(s.low_freq_factor > 0.0 && s.high_freq_factor > s.low_freq_factor))
-      return "llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor";
-  }
+  if (!(s.factor > 0.0)) return "rope_scaling factor must be positive, got " + real_text(s.factor);
+  // Every scaled frequency is at most 1 / factor: within a float (HF's
+  // frequencies are floats), every angle position * frequency is finite in
+  // double, as cos and sin need (1e-308 made them NaN).
+  if (s.factor < 1.0 / double(std::numeric_limits<float>::max()))
+    return "rope_scaling factor " + real_text(s.factor) + " is too small: 1 / factor overflows a float";
+  // llama3: HF only warns about a factor below 1 and frequency factors out of order.
+  if (s.type == kind::llama3 && !(s.low_freq_factor > 0.0 && s.high_freq_factor > 0.0))
+    return "llama3 rope_scaling needs positive low_freq_factor and high_freq_factor";
   if ((s.type == kind::llama3 || s.type == kind::yarn) && !(s.original_max_position_embeddings > 0.0))
     return "rope_scaling original_max_position_embeddings must be positive";
   if (s.type == kind::yarn) {

@@ -5,13 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <optional>
 #include <set>
 #include <vector>
 
 #include "engine/arch/checked_size.hpp"
+#include "engine/arch/require.hpp"
 #include "engine/attention/rope_scaling.hpp"
 #include "engine/io/file_error.hpp"
 #include "engine/io/json_file.hpp"
@@ -20,17 +20,13 @@ namespace kvhead::io {
 
 namespace {
 
+using engine::real_text;
 using json = nlohmann::json;
 
 std::string number(std::size_t value) { return std::to_string(value); }
-/// A real for a message, to 9 significant digits (std::to_string would print 1e-30 as 0.000000).
-std::string real_text(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.9g", value);
-  return text;
-}
 
-/// Typed reads of config.json fields: absent and null are "not given".
+/// Typed reads of config.json fields: absent and null are "not given"
+/// (refuse_null first where HF has no value for a null to take).
 class config_fields {
  public:
   config_fields(const std::string& path, const json& object) : path_(path), object_(object) {}
@@ -42,6 +38,19 @@ class config_fields {
     return found == object.end() || found->is_null() ? nullptr : &*found;
   }
   bool given(const std::string& key) const { return find(object_, key) != nullptr; }
+  static bool is_null(const json& object, const std::string& key) {
+    const auto found = object.find(key);
+    return found != object.end() && found->is_null();
+  }
+  /// A field HF reads as a number (or a flag) with no meaning for None: it
+  /// computes with None and fails (or, in newer releases, refuses the
+  /// config), so a null is refused rather than read as the default.
+  void refuse_null(const json& object, const std::string& key, const std::string& label) const {
+    if (is_null(object, key))
+      fail("field " + quote_name(label) +
+           " is null; Hugging Face cannot compute with it: give a value or leave it out");
+  }
+  void refuse_null(const std::string& key) const { refuse_null(object_, key, key); }
 
   std::optional<std::string> text(const std::string& key) const {
     const json* value = find(object_, key);
@@ -52,11 +61,18 @@ class config_fields {
   /// A whole number >= 1.
   std::optional<std::size_t> count(const std::string& key) const { return count_in(object_, key, key); }
   std::optional<std::size_t> count_in(const json& object, const std::string& key, const std::string& label) const {
+    return whole_in(object, key, label, 1);
+  }
+  /// A whole number >= 0.
+  std::optional<std::size_t> whole(const std::string& key) const { return whole_in(object_, key, key, 0); }
+  std::optional<std::size_t> whole_in(const json& object, const std::string& key, const std::string& label,
+                                      std::int64_t least) const {
     const json* value = find(object, key);
     if (value == nullptr) return std::nullopt;
-    if (!value->is_number_integer() ||
-        (value->is_number_unsigned() ? value->get<std::uint64_t>() == 0 : value->get<std::int64_t>() < 1))
-      fail("field " + quote_name(label) + " must be a positive whole number, got " + json_value_text(*value));
+    if (!value->is_number_integer() || (!value->is_number_unsigned() && value->get<std::int64_t>() < least) ||
+        (value->is_number_unsigned() && value->get<std::uint64_t>() < std::uint64_t(least)))
+      fail("field " + quote_name(label) + " must be a " + (least == 0 ? "whole number >= 0" : "positive whole number") +
+           ", got " + json_value_text(*value));
     return std::size_t(value->get<std::uint64_t>());
   }
   std::optional<double> real(const std::string& key) const { return real_in(object_, key, key); }
@@ -135,9 +151,10 @@ bool is_sliding_layer(const config_fields& f, const std::string& type, std::size
     // HF Qwen 2/3: sliding only with use_sliding_window, from max_window_layers
     // on, and not with sliding_window null (absent: 4096).
     const bool use = f.flag("use_sliding_window").value_or(false);
-    const std::size_t first_sliding = f.count("max_window_layers").value_or(28);
     const bool has_window = f.given("sliding_window") || !f.object().contains("sliding_window");
-    return use && has_window && layer >= first_sliding;
+    if (!use || !has_window) return false;
+    f.refuse_null("max_window_layers");
+    return layer >= f.whole("max_window_layers").value_or(28);  // 0: every layer slides
   }
   if (type == "mistral") return !f.object().contains("sliding_window") || f.given("sliding_window");  // default 4096
   if (type == "phi3") return f.given("sliding_window");
@@ -169,7 +186,15 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
   if (rope != nullptr && !rope->is_object())
     f.fail("field " + quote_name(field) + " must be an object, got " + json_type_name(*rope));
   const json empty = json::object();
-  // HF GptOssConfig: no rope_scaling / rope_parameters means this yarn.
+  // HF GptOssConfig: no rope_scaling / rope_parameters means this yarn. A
+  // null is refused: transformers 4.55-4.57 read it as no scaling, later
+  // releases as this yarn.
+  if (type == "gpt_oss" && rope == nullptr)
+    for (const char* key : {"rope_scaling", "rope_parameters"})
+      if (config_fields::is_null(f.object(), key))
+        f.fail("field " + quote_name(key) +
+               " is null, which transformers 4.55-4.57 read as no scaling and later releases as gpt-oss's default "
+               "yarn: give it or leave it out");
   static const json gpt_oss_yarn = {{"rope_type", "yarn"}, {"factor", 32.0},
                                     {"beta_fast", 32.0},   {"beta_slow", 1.0},
                                     {"truncate", false},   {"original_max_position_embeddings", 4096}};
@@ -178,32 +203,47 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
 
   // Theta: rope_parameters.rope_theta, else the top-level rope_theta, else
   // the family's default (gpt-oss 150000, the others 10000).
+  f.refuse_null(r, "rope_theta", label("rope_theta"));
   std::optional<double> theta = f.real_in(r, "rope_theta", label("rope_theta"));
-  if (!theta) theta = f.real("rope_theta");
+  if (!theta) {
+    f.refuse_null("rope_theta");
+    theta = f.real("rope_theta");
+  }
   config.rope_theta = theta.value_or(type == "gpt_oss" ? 150000.0 : 10000.0);
   if (!(config.rope_theta > 0.0)) f.fail("field 'rope_theta' must be positive");
 
   // Partial rotary.
+  f.refuse_null(r, "partial_rotary_factor", label("partial_rotary_factor"));
   std::optional<double> partial = f.real_in(r, "partial_rotary_factor", label("partial_rotary_factor"));
-  if (!partial) partial = f.real("partial_rotary_factor");
+  if (!partial) {
+    f.refuse_null("partial_rotary_factor");
+    partial = f.real("partial_rotary_factor");
+  }
   if (partial && (*partial <= 0.0 || *partial > 1.0))
     f.fail("field 'partial_rotary_factor' must be in (0, 1], got " + real_text(*partial));
   if (partial && *partial < 1.0 && type != "phi3")
     f.fail("field 'partial_rotary_factor' < 1 is not supported for model_type " + quote_name(type) +
            " (its attention rotates whole heads)");
   config.rotary_dim = std::size_t(double(config.head_dim) * partial.value_or(1.0));  // HF: int(head_dim * factor)
+  if (!partial && config.rotary_dim % 2 != 0)
+    f.fail("head_dim " + number(config.head_dim) + " is odd: RoPE rotates pairs of floats");
   if (config.rotary_dim == 0 || config.rotary_dim % 2 != 0)
     f.fail("rotary dimension int(head_dim " + number(config.head_dim) +
            " * partial_rotary_factor) = " + number(config.rotary_dim) + " must be even and positive");
 
-  // Scaling kind.
+  // Scaling kind: rope_type or the older type. Both given and different
+  // are refused: transformers 4.x copies type over rope_type, 5 reads
+  // rope_type first.
   std::string kind = "default";
   for (const char* key : {"rope_type", "type"}) {
-    if (const json* value = f.find(r, key)) {
-      if (!value->is_string()) f.fail("field " + quote_name(label(key)) + " must be a string");
-      kind = value->get<std::string>();
-      break;
-    }
+    const json* value = f.find(r, key);
+    if (value == nullptr) continue;
+    if (!value->is_string()) f.fail("field " + quote_name(label(key)) + " must be a string");
+    if (key == std::string("type") && f.find(r, "rope_type") != nullptr && value->get<std::string>() != kind)
+      f.fail("fields " + quote_name(label("rope_type")) + " (" + quote_name(kind) + ") and " +
+             quote_name(label("type")) + " (" + quote_name(value->get<std::string>()) +
+             ") disagree: transformers 4.x computes the type, 5 the rope_type");
+    kind = value->get<std::string>();
   }
   // HF's Phi-3 takes default or longrope alone (it reads su and yarn as longrope).
   if (type == "phi3" && kind != "default")
@@ -265,7 +305,8 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
     s.mscale = f.real_in(r, "mscale", label("mscale")).value_or(0.0);
     s.mscale_all_dim = f.real_in(r, "mscale_all_dim", label("mscale_all_dim")).value_or(0.0);
     s.attention_factor = f.real_in(r, "attention_factor", label("attention_factor"));
-    s.truncate = f.flag_in(r, "truncate", label("truncate")).value_or(true);
+    // HF: `get("truncate", True)`, then `if truncate:`: null does not truncate.
+    s.truncate = !config_fields::is_null(r, "truncate") && f.flag_in(r, "truncate", label("truncate")).value_or(true);
   }
   // The layer's own checks (factor > 0, llama3's frequency factors in order,
   // ...), here so that the message names this file and the field.
@@ -316,10 +357,10 @@ model_layer_spec read_model_config(const std::string& config_path, std::size_t l
   } else if (!object.contains("head_dim") && defaults.head_dim != 0) {
     config.head_dim = defaults.head_dim;
   } else {
-    if (config.d_model % config.num_heads != 0)
-      f.fail("hidden_size " + number(config.d_model) + " is not a multiple of num_attention_heads " +
-             number(config.num_heads) + " (and no head_dim is given)");
-    config.head_dim = config.d_model / config.num_heads;
+    config.head_dim = config.d_model / config.num_heads;  // HF: hidden_size // num_attention_heads
+    if (config.head_dim == 0)
+      f.fail("hidden_size " + number(config.d_model) + " // num_attention_heads " + number(config.num_heads) +
+             " is 0 (and no head_dim is given)");
   }
   // The weights' sizes must be addressable (a hostile head_dim near 2^64
   // would wrap the shapes the weights are checked against).
@@ -356,6 +397,7 @@ model_layer_spec read_model_config(const std::string& config_path, std::size_t l
 
   // 6. Scale, soft-capping, biases, sinks, QK-norm, fused projections.
   if (*type == "gemma2") {
+    f.refuse_null("query_pre_attn_scalar");
     const double scalar = f.real("query_pre_attn_scalar").value_or(256.0);
     if (!(scalar > 0.0)) f.fail("field 'query_pre_attn_scalar' must be positive");
     config.scale = float(1.0 / std::sqrt(scalar));
@@ -375,13 +417,16 @@ model_layer_spec read_model_config(const std::string& config_path, std::size_t l
   } else {
     config.scale = float(1.0 / std::sqrt(double(config.head_dim)));
   }
-  // HF: attention_bias defaults to true for gpt-oss, false for the others.
-  const bool attention_bias = f.flag("attention_bias").value_or(*type == "gpt_oss");
+  // HF: attention_bias defaults to true for gpt-oss, false for the others;
+  // null builds the projections without biases (nn.Linear's bias=None).
+  const bool attention_bias =
+      !config_fields::is_null(object, "attention_bias") && f.flag("attention_bias").value_or(*type == "gpt_oss");
   if (*type == "llama" || *type == "qwen3" || *type == "gemma2" || *type == "gpt_oss")
     spec.qkv_bias = spec.o_bias = attention_bias;
   spec.sinks = *type == "gpt_oss";
   if (*type == "qwen2") spec.qkv_bias = true;
   if (*type == "qwen3") {
+    f.refuse_null("rms_norm_eps");
     const double eps = f.real("rms_norm_eps").value_or(1e-6);
     if (!(eps >= 0.0 && std::isfinite(float(eps))))
       f.fail("field 'rms_norm_eps' must be >= 0 and within a float's range, got " + real_text(eps));

@@ -202,7 +202,9 @@ KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_te
 ///           wavelen_i > L / low_freq_factor: inv_freq_i / factor;
 ///           wavelen_i < L / high_freq_factor: unchanged; in between
 ///           (1 - s) inv_freq_i / factor + s inv_freq_i with
-///           s = (L / wavelen_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
+///           s = (L / wavelen_i - low_freq_factor) / (high_freq_factor - low_freq_factor);
+///           no such band when high_freq_factor <= low_freq_factor (HF warns
+///           and computes the same).
 ///   yarn    HF _compute_yarn_parameters: the correction range [low, high] of
 ///           beta_fast and beta_slow rotations over L (floored / ceiled when
 ///           truncate, clamped to [0, r - 1]), a linear ramp over i between
@@ -211,14 +213,15 @@ KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_te
 ///           mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both
 ///           are non-zero, else mscale(factor, 1), where
 ///           mscale(s, m) = 1 for s <= 1, else 0.1 m ln(s) + 1.
-/// Defaults are those of HF; every number must be finite, factor > 0 (>= 1
-/// for llama3), the original length > 0 for llama3 and yarn, and yarn's
-/// rope_theta not 1 (its range divides by ln theta).
+/// Defaults are those of HF; every number must be finite, factor >= 1 /
+/// FLT_MAX (every scaled frequency, at most 1 / factor, a float's), llama3's
+/// frequency factors > 0, the original length > 0 for llama3 and yarn, and
+/// yarn's rope_theta not 1 (its range divides by ln theta).
 struct rope_scaling {
   enum class kind { none, linear, llama3, yarn };
   kind type = kind::none;
   double factor = 1.0;
-  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3; high > low
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
   double original_max_position_embeddings = 0.0;         // llama3, yarn
   double beta_fast = 32.0, beta_slow = 1.0;              // yarn
   std::optional<double> attention_factor;                // yarn; unset: from mscale

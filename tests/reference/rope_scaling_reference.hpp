@@ -41,13 +41,13 @@ inline std::vector<double> rope_inv_freq(const rope_variant& v) {
       const double wavelen = 2 * pi / base[i];
       const double low_wavelen = v.original_length / v.low_freq_factor;
       const double high_wavelen = v.original_length / v.high_freq_factor;
-      if (wavelen < high_wavelen) {
-        out[i] = base[i];
-      } else if (wavelen > low_wavelen) {
-        out[i] = base[i] / v.factor;
-      } else {
+      // HF's two torch.where, in its order: the low frequencies divided, then
+      // the medium band (none when high_freq_factor <= low_freq_factor but at
+      // a wavelength exactly on both bounds, where HF divides 0 by 0) blended.
+      out[i] = wavelen > low_wavelen ? base[i] / v.factor : base[i];
+      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen) && v.high_freq_factor > v.low_freq_factor) {
         const double s = (v.original_length / wavelen - v.low_freq_factor) / (v.high_freq_factor - v.low_freq_factor);
-        out[i] = (1 - s) * base[i] / v.factor + s * base[i];
+        out[i] = (1 - s) * out[i] / v.factor + s * out[i];
       }
     }
     return out;
