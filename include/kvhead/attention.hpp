@@ -43,7 +43,15 @@
 // overflows to -Inf counts as masked (a row of only such scores yields zeros,
 // as a row with no visible key). The output sum(exp(s - max) v) / sum(exp(s -
 // max)) is divided last, so V whose |v| times the keys seen approaches FLT_MAX
-// overflows to Inf, though the exact output is at most max |v|.
+// overflows to Inf, though the exact output is at most max |v|. The exp
+// returns 0 below 2^-126 (FLT_MIN; every path), so a key whose score is more
+// than about 87 below its row's largest weighs nothing, however large its v.
+// Over an int8 KV cache, scale times q . (k / k's scale) is summed before
+// K's scale applies (k / k's scale up to 127): it must stay within FLT_MAX,
+// or the row is NaN (scale 1e36 with keys near 1e-37, say). Over a bf16
+// cache, and in bf16 precision, on vdpbf16ps (AVX512-BF16) the products and
+// sums flush subnormal values to zero: scores whose terms are below FLT_MIN
+// are lost there (the fp32 kernels keep them).
 //
 // Threads. Work runs on oneTBB in the caller's task arena (or the one
 // set_num_threads configured): to bound the threads, call from inside a
@@ -62,7 +70,8 @@
 // and restores the caller's (flags included) on return. So a caller that
 // enabled FTZ/DAZ or another rounding mode, in some threads or all, gets the
 // same bits as one that did not, for any thread count; denormal inputs and
-// results are kept.
+// results of the fp32 arithmetic are kept (the exp's results below FLT_MIN
+// and vdpbf16ps's subnormals excepted: "Magnitudes" above).
 //
 // Errors. Bad shapes or arguments throw std::invalid_argument naming the
 // problem; nothing is written then.
