@@ -115,6 +115,19 @@ TEST_CASE("demo_same_check_with_one_thread_mha_and_few_tokens") {
   CHECK(mentions(result.out, "decode 9/9 tokens x 1 seq"));
 }
 
+TEST_CASE("demo_under_the_fastest_reduction_order_reports_differences_by_design") {
+  // A long prompt on 2 threads: the cached and the recomputed passes split
+  // their sums differently, which KVHEAD_REDUCTION=fastest allows. The demo
+  // called that an engine bug and exited 1.
+  const cli_result result = run_kvhead({"demo", "--layers", "1", "--d-model", "64", "--heads", "1", "--kv-heads", "1",
+                                        "--head-dim", "64", "--prompt", "4000", "--tokens", "16", "--threads", "2"},
+                                       {"KVHEAD_REDUCTION=fastest"});
+  INFO("stdout: " << result.out);
+  INFO("stderr: " << result.err);
+  CHECK(result.exit_code == 0);
+  CHECK(mentions(result.out, "(KVHEAD_REDUCTION=fastest: not bit-identical by design)"));
+}
+
 TEST_CASE("demo_check_across_a_cache_block_boundary") {
   // 250 + 20 tokens: the decode and the recomputed stretch (positions
   // 254-269) cross the first 256-token block; 3 sequences, 1 kv head (MQA).
@@ -295,6 +308,13 @@ TEST_CASE("demo_file_errors") {
   SUBCASE("csv folder missing") {
     const std::string csv = dir.file("no-such-dir/l.csv");
     expect_demo_failure(with(small_model, {"--csv", csv}), exit_failure, "does not exist");
+  }
+  SUBCASE("csv name longer than its folder allows: refused before the run, not after it") {
+    const std::string csv = dir.file(std::string(300, 'n') + ".csv");
+    const cli_result result = run_kvhead(with({"demo"}, with(small_model, {"--csv", csv})));
+    CHECK(result.exit_code == exit_failure);
+    CHECK(mentions(result.err, "its name is longer than the 255 bytes"));
+    CHECK(result.out.empty());
   }
   SUBCASE("bad KVHEAD_ISA") {
     const cli_result result = run_kvhead(with({"demo"}, small_model), {"KVHEAD_ISA=neon"});

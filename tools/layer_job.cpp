@@ -10,6 +10,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <unistd.h>
+
 #include <tbb/global_control.h>
 #include <tbb/info.h>
 #include <tbb/task_arena.h>
@@ -134,6 +136,11 @@ void check_output_path(const std::string& output, const std::vector<read_path>& 
   const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
   if (!fs::is_directory(folder, error))
     throw io::file_error(output, "cannot write: folder " + quote_arg(folder.string()) + " does not exist");
+  // A name the folder cannot hold fails now, not after the work (the output is written last).
+  const long name_max = ::pathconf(folder.c_str(), _PC_NAME_MAX);
+  if (name_max > 0 && path.filename().string().size() > std::size_t(name_max))
+    throw io::file_error(output, "cannot write: its name is longer than the " + std::to_string(name_max) +
+                                     " bytes a name in its folder may have");
   if (!fs::exists(path, error)) return;
   for (const read_path& input : inputs)
     if (fs::equivalent(fs::path(input.path), path, error))
