@@ -47,22 +47,23 @@ inline bound_by compute_bound(precision compute) {
   return compute == precision::bf16 ? bound_by::bf16_peak : bound_by::fma_peak;
 }
 
-// Per-iteration flops and bytes as gflops and gbps, and the rate of the
-// bounding one in percent of that limit at the benchmark's thread count.
+// Per-iteration flops and bytes as gflops and gbps, the rate of the
+// bounding one in percent of that limit at the benchmark's thread count, and
+// floor_ms: the time per iteration that limit allows (a constant, so its
+// median over repetitions is exact, where the median time times the median
+// percentage is not for an even count).
 inline void set_rates(benchmark::State& state, double flops, double bytes, bound_by limit, int threads) {
   state.counters["gflops"] = rate(flops * 1e-9);
   state.counters["gbps"] = rate(bytes * 1e-9);
-  if (limit == bound_by::fma_peak) {
-    state.counters["pct_peak"] = rate(flops * 1e-9 / fma_peak_gflops(threads) * 100.0);
-  } else if (limit == bound_by::bf16_peak) {
-    state.counters["pct_peak"] = rate(flops * 1e-9 / bf16_peak_gflops(threads) * 100.0);
-  } else if (limit == bound_by::attention_bf16_peak) {
-    state.counters["pct_peak"] = rate(flops * 1e-9 / attention_bf16_peak_gflops(threads) * 100.0);
-  } else if (limit == bound_by::attention_int8_peak) {
-    state.counters["pct_peak"] = rate(flops * 1e-9 / attention_int8_peak_gflops(threads) * 100.0);
-  } else {
-    state.counters["pct_dram"] = rate(bytes * 1e-9 / dram_read_gbps(threads) * 100.0);
-  }
+  const bool compute = limit != bound_by::dram_read;
+  const double limit_rate = limit == bound_by::fma_peak              ? fma_peak_gflops(threads)
+                            : limit == bound_by::bf16_peak           ? bf16_peak_gflops(threads)
+                            : limit == bound_by::attention_bf16_peak ? attention_bf16_peak_gflops(threads)
+                            : limit == bound_by::attention_int8_peak ? attention_int8_peak_gflops(threads)
+                                                                     : dram_read_gbps(threads);
+  const double bounding = (compute ? flops : bytes) * 1e-9;
+  state.counters[compute ? "pct_peak" : "pct_dram"] = rate(bounding / limit_rate * 100.0);
+  state.counters["floor_ms"] = bounding / limit_rate * 1e3;
 }
 
 // Per-iteration elements and bytes (read + written), as rates per second.

@@ -6,8 +6,8 @@
 
 Charts, into DIR (default: plots/ next to the JSON):
   s_shapes.png        time per S shape (1 and 2 threads) against its floor (the time the
-                      machine's limit would allow: flops / FMA peak or bytes / DRAM read, as
-                      the benchmark's pct_peak or pct_dram says), the textbook baseline and
+                      machine's limit would allow: flops / FMA peak or bytes / DRAM read, the
+                      benchmark's floor_ms counter), the textbook baseline and
                       the peers when given (tools/peer_torch.py, tools/peer_onednn: one series
                       per peer, named by the prefix of its rows, torch_ or onednn_);
   decode_sweep.png    decode latency against past length, one layer step over the cache
@@ -16,7 +16,8 @@ Charts, into DIR (default: plots/ next to the JSON):
   thread_scaling.png  2-thread speed-up over 1 thread for the S shapes and gemm.
 Every chart names the CPU model and the limits measured by the same run (from the
 JSON's context). Repeated runs are reduced to their median; rows that errored are
-skipped. Needs matplotlib (Debian: apt-get install python3-matplotlib).
+skipped, and a chart with no rows to draw is skipped with a note. Needs matplotlib
+(Debian: apt-get install python3-matplotlib).
 """
 
 import argparse
@@ -30,10 +31,21 @@ S_SHAPES = ["S1_decode_gqa", "S2_prefill_gqa_causal", "S3_mha_layer", "S4_decode
 TIME_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
+class InputError(Exception):
+    """A JSON that cannot be read: named on one line, not as a traceback."""
+
+
 def load_runs(path):
     """The JSON's context and its runs by name (without /real_time), medians only."""
-    with open(path) as f:
-        report = json.load(f)
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except OSError as error:
+        raise InputError(f"{path}: {error.strerror}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InputError(f"{path}: not a benchmark JSON ({error})")
+    if not isinstance(report, dict):
+        raise InputError(f"{path}: not a benchmark JSON (no object at the top)")
     runs = {}
     for row in report.get("benchmarks", []):
         if row.get("error_occurred"):
@@ -64,7 +76,10 @@ class Machine:
 
 
 def floor_seconds(run):
-    """The time the bounding limit allows: the measured time times the percentage of the limit reached."""
+    """The time the bounding limit allows: the benchmark's floor_ms (older JSONs: the measured time times the
+    percentage of the limit reached, exact for an odd number of repetitions only)."""
+    if "floor_ms" in run:
+        return run["floor_ms"] * 1e-3
     percent = run.get("pct_peak", run.get("pct_dram"))
     return None if percent is None else run["seconds"] * percent / 100.0
 
@@ -79,7 +94,9 @@ def plot_s_shapes(plt, machine, runs, peers, out):
               ("textbook (OpenBLAS sgemm + scalar softmax)", "textbook_{shape}/threads:{t}", runs, "tab:orange")]
     for (label, prefix, peer_runs), colour in zip(peers, PEER_COLOURS):
         series.append((label, prefix + "_{shape}/threads:{t}", peer_runs, colour))
-    thread_counts = [t for t in (1, 2) if any(f"{shape}/threads:{t}" in runs for shape in S_SHAPES)] or [1]
+    thread_counts = [t for t in (1, 2) if any(f"{shape}/threads:{t}" in runs for shape in S_SHAPES)]
+    if not thread_counts:
+        return False
     fig, axes = plt.subplots(1, len(thread_counts), figsize=(7 * len(thread_counts) + 1, 6), sharey=True,
                              squeeze=False)
     width = 0.8 / len(series)
@@ -111,6 +128,7 @@ def plot_s_shapes(plt, machine, runs, peers, out):
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(out, dpi=110)
     plt.close(fig)
+    return True
 
 
 def swept(runs, pattern):
@@ -128,6 +146,8 @@ def plot_decode_sweep(plt, machine, runs, out):
              ("layer without a cache (recompute past + 1 tokens)", r"decode_sweep_layer/past:(\d+)/cache:0/threads:1",
               "tab:red", "s"),
              ("attention only over the cache (S1 kernel)", r"decode_sweep/past:(\d+)/threads:1", "tab:green", "^")]
+    if not any(swept(runs, pattern) for _, pattern, _, _ in lines):
+        return False
     fig, ax = plt.subplots(figsize=(9, 6))
     for label, pattern, colour, marker in lines:
         points = swept(runs, pattern)
@@ -147,13 +167,15 @@ def plot_decode_sweep(plt, machine, runs, out):
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+    return True
 
 
 def plot_prefill_sweep(plt, machine, runs, out):
     points = swept(runs, r"prefill_sweep/tokens:(\d+)/threads:1")
+    if not points:
+        return False
     fig, ax = plt.subplots(figsize=(9, 6))
-    if points:
-        ax.plot([n for n, _ in points], [r["gflops"] for _, r in points], marker="o", label="kvhead causal attention")
+    ax.plot([n for n, _ in points], [r["gflops"] for _, r in points], marker="o", label="kvhead causal attention")
     ax.axhline(machine.peak[1], color="tab:red", linestyle="--", label=f"FMA peak, 1 thread ({machine.peak[1]:.0f} GFLOP/s)")
     ax.set_xscale("log", base=2)
     if not math.isnan(machine.peak[1]):
@@ -166,6 +188,7 @@ def plot_prefill_sweep(plt, machine, runs, out):
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+    return True
 
 
 def plot_thread_scaling(plt, machine, runs, out):
@@ -177,6 +200,8 @@ def plot_thread_scaling(plt, machine, runs, out):
         if one and two:
             labels.append(name)
             speedups.append(one["seconds"] / two["seconds"])
+    if not labels:
+        return False
     fig, ax = plt.subplots(figsize=(11, 6))
     bars = ax.bar(range(len(labels)), speedups, color="tab:blue")
     ax.bar_label(bars, fmt="%.2f", fontsize=7)
@@ -195,6 +220,7 @@ def plot_thread_scaling(plt, machine, runs, out):
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+    return True
 
 
 def main():
@@ -207,16 +233,20 @@ def main():
     parser.add_argument("--out", help="directory for the PNGs (default: plots/ next to bench_json)")
     args = parser.parse_args()
     try:
+        context, runs = load_runs(args.bench_json)
+        peer_files = [load_runs(path) for path in args.peer]
+    except InputError as error:
+        print(f"plot_bench.py: {error}", file=sys.stderr)
+        return 1
+    try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("plot_bench.py: matplotlib is missing: apt-get install python3-matplotlib", file=sys.stderr)
         return 2
-    context, runs = load_runs(args.bench_json)
     peers = {}  # name prefix (torch, onednn) -> [label, runs]: one series per peer, its files' runs merged
-    for path in args.peer:
-        context_of_file, runs_of_file = load_runs(path)
+    for context_of_file, runs_of_file in peer_files:
         for name in runs_of_file:
             prefix = name.split("_S", 1)[0]
             entry = peers.setdefault(prefix, [context_of_file.get("peer", prefix), {}])
@@ -230,8 +260,8 @@ def main():
               "prefill_sweep.png": lambda path: plot_prefill_sweep(plt, machine, runs, path),
               "thread_scaling.png": lambda path: plot_thread_scaling(plt, machine, runs, path)}
     for file_name, draw in charts.items():
-        draw(os.path.join(out, file_name))
-        print(os.path.join(out, file_name))
+        path = os.path.join(out, file_name)
+        print(path if draw(path) else f"{file_name}: skipped (the JSON has none of its rows)")
     return 0
 
 
