@@ -123,7 +123,8 @@ struct attention_options {
   /// are the last positions: causal aligns bottom-right, as a KV cache and
   /// Hugging Face's decoding do, where torch's scaled_dot_product_attention
   /// with is_causal aligns top-left: pass 0 for that). Required when causal
-  /// and q_len > kv_len.
+  /// and q_len > kv_len; not causal with q_len > kv_len, the default is 0
+  /// (it matters only with a sliding window).
   std::optional<std::size_t> q_offset;
   /// [batch] visible key counts (each <= kv_len); null: kv_len for all.
   const std::size_t* valid_len = nullptr;
