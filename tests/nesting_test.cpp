@@ -1,6 +1,7 @@
-// kvhead called from a task of the caller's own oneTBB loop: each call does
-// all its work, whatever the loop's other iterations do
-// (engine/scheduler/arena.hpp, run_in_arena).
+// How kvhead's work meets oneTBB (engine/scheduler/arena.hpp, run_in_arena):
+// called from a task of the caller's own oneTBB loop, each call does all its
+// work, whatever the loop's other iterations do; a worker thread oneTBB could
+// not start is reported as a shortage, not as a bug.
 
 #include <doctest/doctest.h>
 
@@ -12,6 +13,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -19,6 +21,8 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include "engine/capi/status.hpp"
+#include "engine/scheduler/arena.hpp"
 #include "kvhead/attention.hpp"
 #include "kvhead/kv_cache.hpp"
 #include "tests/random_values.hpp"
@@ -100,4 +104,25 @@ TEST_CASE("nesting: a call in a user's parallel_for whose other iteration throws
     layer.forward(cache, 0, {{id, 1}}, x.data() + prompt * width, y.data() + prompt * width);
     CHECK(same_bits(y.data() + prompt * width, expected.data() + prompt * width, width));
   }
+}
+
+TEST_CASE("nesting: a worker thread oneTBB could not start is a shortage, in C++ and in the C API") {
+  // oneTBB's own words when pthread_create fails (a limit on threads, no memory).
+  const auto failing_start = [] {
+    throw std::runtime_error("pthread_create has failed: Resource temporarily unavailable");
+  };
+  try {
+    kvhead::engine::run_in_arena(failing_start);
+    FAIL("no exception");
+  } catch (const std::system_error& error) {
+    CHECK(error.code() == std::errc::resource_unavailable_try_again);
+    CHECK(std::string(error.what()) ==
+          "could not start a worker thread (oneTBB's pthread_create failed): Resource temporarily unavailable");
+  }
+  const kvh_status status = kvhead::capi::guarded("kvh_decode", [&] { kvhead::engine::run_in_arena(failing_start); });
+  CHECK(status == KVH_ERR_CAPACITY);
+  CHECK(std::string(kvh_last_error()).find("kvh_decode: could not start a worker thread") == 0);
+  // Any other runtime_error is the work's own, passed on as it is.
+  CHECK_THROWS_WITH_AS(kvhead::engine::run_in_arena([] { throw std::runtime_error("the work's own"); }),
+                       "the work's own", std::runtime_error);
 }

@@ -6,7 +6,9 @@
 // (io::file_error: KVH_ERR_IO when the file could not be had at all, else
 // KVH_ERR_FORMAT; std::invalid_argument:
 // KVH_ERR_INVALID_ARGUMENT, kv_cache_error: KVH_ERR_NOT_FOUND,
-// std::bad_alloc: KVH_ERR_CAPACITY, anything else: KVH_ERR_INTERNAL). The
+// std::bad_alloc, and std::system_error resource_unavailable_try_again (a
+// thread that could not start, run_in_arena): KVH_ERR_CAPACITY, anything
+// else: KVH_ERR_INTERNAL). The
 // message, "<function>: <problem>", goes to this thread's last-error buffer,
 // a fixed array: recording an error never allocates and never fails.
 #pragma once
@@ -18,6 +20,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
 #include "engine/arch/checked_size.hpp"
 #include "engine/io/file_error.hpp"
@@ -64,6 +67,9 @@ kvh_status guarded(const char* function, const Body& body) noexcept {
     return record_error(function, KVH_ERR_NOT_FOUND, error.what());
   } catch (const std::bad_alloc&) {
     return record_error(function, KVH_ERR_CAPACITY, "out of host memory");
+  } catch (const std::system_error& error) {
+    const bool shortage = error.code() == std::errc::resource_unavailable_try_again;
+    return record_error(function, shortage ? KVH_ERR_CAPACITY : KVH_ERR_INTERNAL, error.what());
   } catch (const std::exception& error) {
     return record_error(function, KVH_ERR_INTERNAL, error.what());
   } catch (...) {

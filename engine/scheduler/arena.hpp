@@ -18,6 +18,9 @@
 #include <xmmintrin.h>
 
 #include <memory>
+#include <stdexcept>
+#include <string_view>
+#include <system_error>
 
 #include <tbb/task_arena.h>
 #include <tbb/task_group.h>
@@ -67,6 +70,11 @@ std::shared_ptr<tbb::task_arena> configured_arena();
 /// (this_task_arena::isolate), so no other kvhead call starts on its stack
 /// in the middle of this one (the C API's per-thread batch scratch was
 /// overwritten so).
+/// A worker thread oneTBB could not start (pthread_create failing: a limit
+/// on threads, no memory) comes out of it as std::runtime_error
+/// "pthread_create has failed: ..."; kvhead throws std::system_error
+/// (errc::resource_unavailable_try_again) instead: a shortage, as bad_alloc
+/// is (the C API's KVH_ERR_CAPACITY), not a bug.
 template <class Work>
 void run_in_arena(const Work& work) {
   const auto run = [&] {
@@ -76,12 +84,18 @@ void run_in_arena(const Work& work) {
     tbb::task_group group(context);
     tbb::this_task_arena::isolate([&] { group.run_and_wait(work); });
   };
-  const std::shared_ptr<tbb::task_arena> arena = configured_arena();
-  if (arena == nullptr) {
-    run();
-    return;
+  try {
+    const std::shared_ptr<tbb::task_arena> arena = configured_arena();
+    if (arena == nullptr)
+      run();
+    else
+      arena->execute(run);
+  } catch (const std::runtime_error& error) {
+    if (!std::string_view(error.what()).starts_with("pthread_create")) throw;
+    // (what(): "could not start a worker thread (oneTBB's pthread_create failed): <the errc's text>".)
+    throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                            "could not start a worker thread (oneTBB's pthread_create failed)");
   }
-  arena->execute(run);
 }
 
 }  // namespace kvhead::engine

@@ -74,7 +74,10 @@
 // and vdpbf16ps's subnormals excepted: "Magnitudes" above).
 //
 // Errors. Bad shapes or arguments throw std::invalid_argument naming the
-// problem; nothing is written then.
+// problem; nothing is written then. Memory that cannot be had throws
+// std::bad_alloc, a worker thread that cannot be started (a limit on
+// threads) std::system_error with errc::resource_unavailable_try_again; a
+// later call may succeed.
 #pragma once
 
 #include <cstddef>

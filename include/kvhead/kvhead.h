@@ -45,7 +45,8 @@
                                fit the options (a prefix matching no tensor,
                                a num_kv_heads the weights disagree with, ...);
      KVH_ERR_CAPACITY          no room: the cache's pool is full for this
-                               call, or host memory ran out;
+                               call, or host memory ran out, or a worker
+                               thread could not be started;
      KVH_ERR_NOT_FOUND         an unknown or freed sequence id (ids are
                                never reused, so a freed id stays unknown);
      KVH_ERR_INTERNAL          anything else (a bug: please report it), e.g.
@@ -250,10 +251,10 @@ KVHEAD_API kvh_status kvh_sequence_drop_outside_window(kvh_cache* cache, int64_t
    twice. Each sequence's new tokens sit at its positions length, length + 1,
    ... (RoPE uses those absolute positions). y equals kvh_layer_forward with
    causal = 1 over each whole sequence, bit for bit.
-   On failure no sequence grows. When the pool filled up part way, the
-   sequences already extended are truncated back; if one of them had to copy
-   a block shared with a fork first, it keeps that private copy (same
-   tokens, one block fewer free). */
+   On failure no sequence grows. When the pool filled up, or host memory ran
+   out, part way, the sequences already extended are truncated back; if one
+   of them had to copy a block shared with a fork first, it keeps that
+   private copy (same tokens, one block fewer free). */
 KVHEAD_API kvh_status kvh_decode(const kvh_layer* layer, kvh_cache* cache, const int64_t* seq_ids,
                                  const int64_t* num_tokens, int64_t num_seqs, const float* x, float* y);
 
