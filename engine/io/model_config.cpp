@@ -195,9 +195,11 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
         f.fail("field " + quote_name(key) +
                " is null, which transformers 4.55-4.57 read as no scaling and later releases as gpt-oss's default "
                "yarn: give it or leave it out");
-  static const json gpt_oss_yarn = {{"rope_type", "yarn"}, {"factor", 32.0},
-                                    {"beta_fast", 32.0},   {"beta_slow", 1.0},
-                                    {"truncate", false},   {"original_max_position_embeddings", 4096}};
+  // Parsed, not built from an initializer list: nlohmann's list constructor
+  // leaks what it built when an allocation fails part way (the parser's
+  // result frees it).
+  static const json gpt_oss_yarn = json::parse(R"({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+      "beta_slow": 1.0, "truncate": false, "original_max_position_embeddings": 4096})");
   const json& r = rope != nullptr ? *rope : type == "gpt_oss" ? gpt_oss_yarn : empty;
   auto label = [&](const std::string& key) { return field + "." + key; };
 
