@@ -6,12 +6,24 @@
 cmake_policy(VERSION 3.25)
 find_program(NM nm REQUIRED)
 find_program(CXXFILT c++filt REQUIRED)
-execute_process(COMMAND ${NM} -D --defined-only ${LIBRARY} COMMAND ${CXXFILT}
-  OUTPUT_VARIABLE symbols RESULT_VARIABLE result)
-if(NOT result EQUAL 0)
-  message(FATAL_ERROR "nm failed on ${LIBRARY}")
-endif()
-string(REPLACE "\n" ";" lines "${symbols}")
+
+# nm's lines for `library` (its `flags`), demangled or not, into `lines`.
+function(symbol_lines library flags demangle)
+  set(filter "")
+  if(demangle)
+    set(filter COMMAND ${CXXFILT})
+  endif()
+  execute_process(COMMAND ${NM} ${flags} --defined-only ${library} ${filter}
+    OUTPUT_VARIABLE symbols RESULT_VARIABLE result)
+  if(NOT result EQUAL 0)
+    message(FATAL_ERROR "nm failed on ${library}")
+  endif()
+  string(REPLACE "\n" ";" split "${symbols}")
+  set(lines "${split}" PARENT_SCOPE)
+  set(symbols "${symbols}" PARENT_SCOPE)
+endfunction()
+
+symbol_lines(${LIBRARY} -D ON)
 set(public 0)
 set(leaked "")
 foreach(line IN LISTS lines)
@@ -40,11 +52,7 @@ message(STATUS "${LIBRARY}: ${count} exported symbols, none internal")
 # it is linked into (an unprefixed extern "C" helper did). Weak symbols (the
 # instantiations of std, oneTBB and xsimd templates) merge with the program's.
 if(STATIC_LIBRARY)
-  execute_process(COMMAND ${NM} -g --defined-only ${STATIC_LIBRARY} OUTPUT_VARIABLE symbols RESULT_VARIABLE result)
-  if(NOT result EQUAL 0)
-    message(FATAL_ERROR "nm failed on ${STATIC_LIBRARY}")
-  endif()
-  string(REPLACE "\n" ";" lines "${symbols}")
+  symbol_lines(${STATIC_LIBRARY} -g OFF)
   set(strong 0)
   set(clashing "")
   foreach(line IN LISTS lines)
