@@ -359,6 +359,8 @@ TEST_CASE("model config: null, zero and conflicting fields are read as Hugging F
   CHECK(names(error_of(oss_null), "field 'rope_scaling' is null"));
   oss_null.erase("rope_scaling");
   CHECK(spec_of(oss_null).config.rope_scaling.factor == 32.0);
+  oss_null["rope_parameters"] = nullptr;  // not read by 4.55-4.57, the default yarn later: the yarn either way
+  CHECK(spec_of(oss_null).config.rope_scaling.factor == 32.0);
   // Qwen 2: max_window_layers 0 (every layer slides), and null only where it is read.
   json qwen2 = llama();
   qwen2["model_type"] = "qwen2";
@@ -448,6 +450,13 @@ TEST_CASE("model config: values the layer would refuse are refused here, naming 
   bad = llama();
   bad["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 1e-308}};  // every angle past position 1 infinite
   CHECK(names(error_of(bad), "field 'rope_scaling': rope_scaling factor 1e-308 is too small"));
+  bad = llama();
+  bad["rope_theta"] = 1e-40;
+  bad["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};  // frequencies up to 1 / theta / 2
+  CHECK(names(error_of(bad), "field 'rope_theta': rope_theta 1e-40 is too small"));
+  bad["rope_theta"] = 1e-30;
+  bad["rope_scaling"]["factor"] = 1e-10;  // theta fine alone, not over this factor
+  CHECK(names(error_of(bad), "rope_scaling factor 1e-10 is too small"));
   bad = llama();
   bad["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 0}};
   CHECK(names(error_of(bad), "field 'rope_parameters': rope_scaling original_max_position_embeddings"));

@@ -218,6 +218,9 @@ TEST_CASE("attention_layer: the new options are checked") {
   c.rope_scaling.factor = 0.0;
   rejects(c, weights, "factor must be positive");
   c = config();
+  c.rope_theta = 1e-300;  // plain RoPE: frequencies up to 1e300, every angle past position 0 infinite
+  rejects(c, weights, "rope_theta 1e-300 is too small");
+  c = config();
   c.rope_scaling.type = static_cast<rope_scaling::kind>(9);  // an integer cast: not silently plain RoPE
   c.rope_scaling.factor = 4.0;
   rejects(c, weights, "rope_scaling type must be none, linear, llama3 or yarn, got 9");

@@ -87,8 +87,25 @@ rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, c
   return result;
 }
 
+namespace {
+/// The largest unscaled frequency, theta^(-2i/r) over i < r/2, is at most
+/// max(1, 1 / theta); scaled, at most that over the factor. Within a float
+/// (HF's frequencies are floats), every angle position * frequency is finite
+/// in double, as cos and sin need (a factor of 1e-308 made them NaN).
+double largest_frequency(double rope_theta) { return std::max(1.0, 1.0 / rope_theta); }
+constexpr double float_max = std::numeric_limits<float>::max();
+}  // namespace
+
+std::string rope_theta_problem(double rope_theta) {
+  if (largest_frequency(rope_theta) > float_max)
+    return "rope_theta " + real_text(rope_theta) +
+           " is too small: its frequencies (up to 1 / rope_theta) overflow a float";
+  return "";
+}
+
 std::string rope_scaling_problem(const rope_scaling& s, double rope_theta) {
   using kind = rope_scaling::kind;
+  if (const std::string problem = rope_theta_problem(rope_theta); !problem.empty()) return problem;
   if (s.type != kind::none && s.type != kind::linear && s.type != kind::llama3 && s.type != kind::yarn)
     return "rope_scaling type must be none, linear, llama3 or yarn, got " + std::to_string(int(s.type));
   if (s.type == kind::none) return "";
@@ -96,11 +113,8 @@ std::string rope_scaling_problem(const rope_scaling& s, double rope_theta) {
                              s.beta_fast, s.beta_slow, s.mscale, s.mscale_all_dim})
     if (!std::isfinite(value)) return "rope_scaling numbers must be finite";
   if (!(s.factor > 0.0)) return "rope_scaling factor must be positive, got " + real_text(s.factor);
-  // Every scaled frequency is at most 1 / factor: within a float (HF's
-  // frequencies are floats), every angle position * frequency is finite in
-  // double, as cos and sin need (1e-308 made them NaN).
-  if (s.factor < 1.0 / double(std::numeric_limits<float>::max()))
-    return "rope_scaling factor " + real_text(s.factor) + " is too small: 1 / factor overflows a float";
+  if (largest_frequency(rope_theta) / s.factor > float_max)
+    return "rope_scaling factor " + real_text(s.factor) + " is too small: the frequencies over it overflow a float";
   // llama3: HF only warns about a factor below 1 and frequency factors out of order.
   if (s.type == kind::llama3 && !(s.low_freq_factor > 0.0 && s.high_freq_factor > 0.0))
     return "llama3 rope_scaling needs positive low_freq_factor and high_freq_factor";

@@ -21,9 +21,13 @@ struct rope_frequencies {
 /// inv_freq_i = pow(theta, -2i / rotary_dim) exactly.
 rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, const rope_scaling& scaling);
 
-/// The first problem of `scaling` for RoPE of base `rope_theta` (a
-/// non-finite number, factor <= 0, yarn at theta 1, ...), or an empty string
-/// when there is none.
+/// The problem of a positive `rope_theta` whose frequencies (up to
+/// max(1, 1 / theta)) overflow a float, or an empty string.
+std::string rope_theta_problem(double rope_theta);
+
+/// The first problem of RoPE of base `rope_theta` (rope_theta_problem) with
+/// `scaling` (a non-finite number, factor <= 0, yarn at theta 1, ...), or an
+/// empty string when there is none.
 std::string rope_scaling_problem(const rope_scaling& scaling, double rope_theta);
 
 }  // namespace kvhead::engine

@@ -186,15 +186,14 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
   if (rope != nullptr && !rope->is_object())
     f.fail("field " + quote_name(field) + " must be an object, got " + json_type_name(*rope));
   const json empty = json::object();
-  // HF GptOssConfig: no rope_scaling / rope_parameters means this yarn. A
-  // null is refused: transformers 4.55-4.57 read it as no scaling, later
-  // releases as this yarn.
-  if (type == "gpt_oss" && rope == nullptr)
-    for (const char* key : {"rope_scaling", "rope_parameters"})
-      if (config_fields::is_null(f.object(), key))
-        f.fail("field " + quote_name(key) +
-               " is null, which transformers 4.55-4.57 read as no scaling and later releases as gpt-oss's default "
-               "yarn: give it or leave it out");
+  // HF GptOssConfig: no rope_scaling / rope_parameters means this yarn (and
+  // rope_parameters null: 4.55-4.57 do not read it, later releases fill in
+  // the yarn). rope_scaling null is refused: 4.55-4.57 read it as no
+  // scaling, later releases as this yarn.
+  if (type == "gpt_oss" && rope == nullptr && config_fields::is_null(f.object(), "rope_scaling"))
+    f.fail(
+        "field 'rope_scaling' is null, which transformers 4.55-4.57 read as no scaling and later releases as "
+        "gpt-oss's default yarn: give it or leave it out");
   // Parsed, not built from an initializer list: nlohmann's list constructor
   // leaks what it built when an allocation fails part way (the parser's
   // result frees it).
@@ -213,6 +212,8 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
   }
   config.rope_theta = theta.value_or(type == "gpt_oss" ? 150000.0 : 10000.0);
   if (!(config.rope_theta > 0.0)) f.fail("field 'rope_theta' must be positive");
+  if (const std::string problem = engine::rope_theta_problem(config.rope_theta); !problem.empty())
+    f.fail("field 'rope_theta': " + problem);
 
   // Partial rotary.
   f.refuse_null(r, "partial_rotary_factor", label("partial_rotary_factor"));

@@ -226,8 +226,9 @@ KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_te
 ///           mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both
 ///           are non-zero, else mscale(factor, 1), where
 ///           mscale(s, m) = 1 for s <= 1, else 0.1 m ln(s) + 1.
-/// Defaults are those of HF; every number must be finite, factor >= 1 /
-/// FLT_MAX (every scaled frequency, at most 1 / factor, a float's), llama3's
+/// Defaults are those of HF; every number must be finite, max(1, 1 /
+/// rope_theta) / factor at most FLT_MAX (every scaled frequency a float's:
+/// rope_theta below 1 / FLT_MAX is refused with or without scaling), llama3's
 /// frequency factors > 0, the original length > 0 for llama3 and yarn, and
 /// yarn's rope_theta not 1 (its range divides by ln theta).
 struct rope_scaling {
