@@ -18,3 +18,4 @@ expect_refusal("test: unexpected arguments: --bogus" test --bogus)
 expect_refusal("help: unexpected arguments: extra" help extra)
 expect_refusal("build: unknown preset 'bogus' (the build presets of CMakePresets.json: release" build bogus)
 expect_refusal("build: unexpected arguments: extra" build release extra)
+expect_refusal("build: unknown preset 'rel.ase'" build rel.ase)  # a name, not a pattern
