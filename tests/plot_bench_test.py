@@ -39,6 +39,15 @@ def main():
             f.write("not json")
         code, text = run(garbage, "--out", folder)
         check("a file that is not JSON is named, exit 1", code == 1 and "not a benchmark JSON" in text, text)
+        for case, report in (("a row without a name", {"benchmarks": [{"nam": "x"}]}),
+                             ("rows that are not objects", {"benchmarks": [1, 2]}),
+                             ("a counter that is not a number",
+                              {"benchmarks": [{"name": "S1_decode_gqa/threads:1", "real_time": 1.0, "floor_ms": "x"}]})):
+            odd = os.path.join(folder, "odd.json")
+            with open(odd, "w") as f:
+                json.dump(report, f)
+            code, text = run(odd, "--out", folder)
+            check(f"{case}: named, exit 1", code == 1 and odd in text and "Traceback" not in text, text)
         try:
             import matplotlib  # noqa: F401
         except ImportError:

@@ -44,18 +44,28 @@ def load_runs(path):
         raise InputError(f"{path}: {error.strerror}")
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise InputError(f"{path}: not a benchmark JSON ({error})")
-    if not isinstance(report, dict):
-        raise InputError(f"{path}: not a benchmark JSON (no object at the top)")
+    if not isinstance(report, dict) or not isinstance(report.get("benchmarks", []), list):
+        raise InputError(f"{path}: not a benchmark JSON (no object at the top, or no list of benchmarks)")
+    context = report.get("context", {})
+    if not isinstance(context, dict):
+        raise InputError(f"{path}: not a benchmark JSON (its context is not an object)")
     runs = {}
-    for row in report.get("benchmarks", []):
+    for index, row in enumerate(report.get("benchmarks", [])):
+        if not isinstance(row, dict):
+            raise InputError(f"{path}: benchmark {index} is not an object")
         if row.get("error_occurred"):
             continue
         if row.get("run_type") == "aggregate" and row.get("aggregate_name") != "median":
             continue
-        name = row.get("run_name", row["name"]).replace("/real_time", "")
+        name = row.get("run_name", row.get("name"))
+        numbers = ["real_time"] + [key for key in ("floor_ms", "pct_peak", "pct_dram", "gflops") if key in row]
+        if not isinstance(name, str) or row.get("time_unit", "ns") not in TIME_UNIT_SECONDS or not all(
+                isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool) for key in numbers):
+            raise InputError(f"{path}: benchmark {index} lacks a name, a time or a unit, or has a counter that "
+                             "is not a number")
         row["seconds"] = row["real_time"] * TIME_UNIT_SECONDS[row.get("time_unit", "ns")]
-        runs[name] = row
-    return report.get("context", {}), runs
+        runs[name.replace("/real_time", "")] = row
+    return context, runs
 
 
 class Machine:
