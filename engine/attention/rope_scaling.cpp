@@ -64,6 +64,13 @@ double yarn_attention_factor(const rope_scaling& s) {
   return yarn_mscale(s.factor, 1.0);
 }
 
+// The largest unscaled frequency, theta^(-2i/r) over i < r/2, is at most
+// max(1, 1 / theta); scaled, at most that over the factor. Within a float
+// (HF's frequencies are floats), every angle position * frequency is finite
+// in double, as cos and sin need (a factor of 1e-308 made them NaN).
+double largest_frequency(double rope_theta) { return std::max(1.0, 1.0 / rope_theta); }
+constexpr double float_max = std::numeric_limits<float>::max();
+
 }  // namespace
 
 rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, const rope_scaling& scaling) {
@@ -86,15 +93,6 @@ rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, c
   }
   return result;
 }
-
-namespace {
-/// The largest unscaled frequency, theta^(-2i/r) over i < r/2, is at most
-/// max(1, 1 / theta); scaled, at most that over the factor. Within a float
-/// (HF's frequencies are floats), every angle position * frequency is finite
-/// in double, as cos and sin need (a factor of 1e-308 made them NaN).
-double largest_frequency(double rope_theta) { return std::max(1.0, 1.0 / rope_theta); }
-constexpr double float_max = std::numeric_limits<float>::max();
-}  // namespace
 
 std::string rope_theta_problem(double rope_theta) {
   if (largest_frequency(rope_theta) > float_max)
