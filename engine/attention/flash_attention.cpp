@@ -146,8 +146,9 @@ bool all_finite(const gemm_operand& values, std::size_t rows, std::size_t cols) 
 // User K and V of one (batch, kv head), chunk c's Kᵀ packed at keys +
 // c * key_floats (flash_attention packs them); V packed likewise, or read in
 // place when `values` is null.
-// Packed as fp32 panels (rounded in bf16 precision), or in bf16 precision on
-// amx tiles as bf16 in the tiles' layout (tile_pairs).
+// Packed as fp32 panels (rounded in bf16 precision), or in bf16 precision,
+// with several query tiles per (batch, kv head), as bf16: in the amx tiles'
+// layout (tile_pairs) on amx, as bf16 panels on avx512bf16.
 struct user_kv_layout {
   const float* keys;
   std::size_t key_floats;
@@ -913,15 +914,25 @@ void flash_attention(const attention_problem& problem) {
   // panels are then staged here once into the tiles' own layout
   // (pack_tile_pairs), not by every tile's products again: the same bits.
   // Xeon, S2_prefill_gqa_causal_bf16: staging took about a fifth of the run.
+  // On the other bf16 unit (avx512bf16) they are held as bf16 panels, as a
+  // bf16 KV cache holds them: the same values, so the same bits, at half
+  // the bytes, read without a conversion per tile. Zen 4, 1 thread, 6
+  // alternations (medians of 5): S2_prefill_gqa_causal_bf16 58.7-69.8 ->
+  // 56.1-60.0 ms, faster in each; S3_mha_layer_bf16 (head_dim 64, its
+  // attention a third of its flops) within the noise.
   const bool bf16_precision = problem.precision == kvhead::precision::bf16;
   const bool round_kv = bf16_precision && !problem.inputs_rounded;
   const bool pack_values = dims.q_len > positions || bf16_precision;
-  const bool tile_pairs =
-      bf16_precision && dims.q_len > positions && gemm_bf16_paged_reads_tile_pairs() &&
+  const bool held_in_bf16 =
+      bf16_precision && dims.q_len > positions &&
       attention_products(problem.precision, problem.path, kv_dtype::bf16, dims.head_dim) == product_kind::bf16;
+  const bool tile_pairs = held_in_bf16 && gemm_bf16_paged_reads_tile_pairs();
+  const bool bf16_panels = held_in_bf16 && !tile_pairs;
   const gemm_config& config = gemm_config_for(problem.path);
   auto slot_floats = [&](std::size_t k, std::size_t n) {
-    return tile_pairs ? ceil_div(tile_pairs_elements(k, n), 2) : packed_b_floats(config, k, n);
+    return tile_pairs    ? ceil_div(tile_pairs_elements(k, n), 2)
+           : bf16_panels ? ceil_div(packed_b_floats(config, k, n), 2)
+                         : packed_b_floats(config, k, n);
   };
   const std::size_t key_floats = slot_floats(dims.head_dim, kv_chunk);
   const std::size_t value_floats = pack_values ? slot_floats(kv_chunk, dims.head_dim) : 0;
@@ -935,13 +946,18 @@ void flash_attention(const attention_problem& problem) {
   // op(B) (k x n) packed into a slot, rounded when asked; the view of it.
   auto pack_slot = [&](gemm_operand from, std::size_t k, std::size_t n, float* slot) {
     const std::size_t fp32_floats = packed_b_floats(config, k, n);
-    const scratch_lease staging(tile_pairs ? fp32_floats : 0);
-    float* const fp32 = tile_pairs ? staging.data() : slot;
+    const scratch_lease staging(held_in_bf16 ? fp32_floats : 0);
+    float* const fp32 = held_in_bf16 ? staging.data() : slot;
     pack_operand(from, k, n, config, fp32);
     if (round_kv) round_floats_to_bf16(fp32, fp32, fp32_floats, problem.path);
-    if (!tile_pairs) return packed_b_view{slot, k, n, problem.path};
-    pack_tile_pairs({fp32, k, n, problem.path}, reinterpret_cast<bf16_bits*>(slot));
-    return packed_b_view{slot, k, n, problem.path, kv_dtype::bf16, panel_layout::tile_pairs};
+    if (!held_in_bf16) return packed_b_view{slot, k, n, problem.path};
+    auto* const held = reinterpret_cast<bf16_bits*>(slot);
+    if (tile_pairs) {
+      pack_tile_pairs({fp32, k, n, problem.path}, held);
+      return packed_b_view{slot, k, n, problem.path, kv_dtype::bf16, panel_layout::tile_pairs};
+    }
+    std::transform(fp32, fp32 + fp32_floats, held, encode_bf16);  // exact: the values are bf16 already
+    return packed_b_view{slot, k, n, problem.path, kv_dtype::bf16};
   };
   work->values_finite.assign(work->packs.size(), 0);
   run_indices(work->packs.size(), [&](std::size_t task) {
@@ -966,7 +982,7 @@ void flash_attention(const attention_problem& problem) {
                                 value_floats,
                                 work->chunk_from[index],
                                 work->values_finite.data() + slot,
-                                tile_pairs ? kv_dtype::bf16 : kv_dtype::f32,
+                                held_in_bf16 ? kv_dtype::bf16 : kv_dtype::f32,
                                 tile_pairs ? panel_layout::tile_pairs : panel_layout::rows};
     work->sources.emplace_back(packed, work->keys_seen[index], head_rows(problem.v, index), problem.v.seq_stride,
                                dims.head_dim, problem.path);

@@ -194,8 +194,9 @@ struct attention_problem {
 /// Packs Kᵀ once per (batch, kv head, chunk) into the calling thread's
 /// reused scratch; reads V in place when each (batch, kv head) has one query
 /// tile (and bf16's products do not run: they read V packed), else packs it
-/// likewise (bf16 precision on amx tiles, several query tiles per kv head:
-/// both in the tiles' pair layout, pack_tile_pairs); then runs every
+/// likewise (bf16 precision, several query tiles per kv head, the bf16
+/// products running: both as bf16, in the tiles' pair layout on amx tiles,
+/// pack_tile_pairs, else as bf16 panels); then runs every
 /// (batch, kv head, query tile) in parallel on the caller's task arena. Steady-state calls of one shape
 /// allocate nothing. K and V rows must not overlap (seq_stride >= head_dim).
 void flash_attention(const attention_problem& problem);
