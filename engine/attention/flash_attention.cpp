@@ -653,12 +653,12 @@ void write_output(const attention_tile& tile, const float* running, row_range ra
   }
 }
 
-// Computes the partials of chunks [begin, end): merged into `running` (from
-// empty) as they come when `stored` is null, else each kept at stored + (c -
-// begin) * size.
+// Computes the partials of chunks [begin, end) (a split tile's task: at
+// least one, plan_work): merged into `running` (from empty) as they come
+// when `stored` is null, else each kept at stored + (c - begin) * size.
 void process_chunks(const attention_tile& tile, const kv_chunk_source& source, std::size_t begin, std::size_t end,
                     float* running, float* stored, tile_scratch& scratch) {
-  if (stored == nullptr && begin == end) clear_partial(tile, running, all_rows(tile));
+  assert(begin < end);
   gather_queries(tile, scratch.q_rows.data());
   prepare_queries(tile, source, scratch.q_rows.data(), scratch.q_prepared.data());
   const float* const q_rows = scratch.q_rows.data();
