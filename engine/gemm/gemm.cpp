@@ -172,9 +172,12 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
   const std::size_t fewest_row_blocks = std::min(round_up(ceil_div(m, config.mc), arena_threads()), a_panels);
   const std::size_t row_blocks =
       block.source != nullptr ? 1 : std::clamp<std::size_t>(wanted, fewest_row_blocks, a_panels);
-  const std::size_t block_panels = ceil_div(a_panels, row_blocks);
-  const std::size_t panel_groups =
-      std::clamp<std::size_t>(ceil_div(wanted, ceil_div(a_panels, block_panels)), 1, panels);
+  // Row block r holds A panels [r * a_panels / row_blocks, (r + 1) * a_panels
+  // / row_blocks): sizes within one panel of each other, so that no thread's
+  // share of them runs long (as ceil_div-sized blocks, 512^3 at 2 threads cut
+  // 43 panels into seven of 6 and one of 1).
+  auto row_block_begin = [&](std::size_t row_block) { return row_block * a_panels / row_blocks; };
+  const std::size_t panel_groups = std::clamp<std::size_t>(ceil_div(wanted, row_blocks), 1, panels);
   const std::size_t panels_per_group = ceil_div(panels, panel_groups);
   const std::size_t groups = ceil_div(panels, panels_per_group);
 
@@ -227,8 +230,7 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
 
   auto run_task = [&](std::size_t task) {
     const std::size_t row_block = task / groups, group = task % groups;
-    const std::size_t first_panel = row_block * block_panels;
-    const std::size_t end_panel = std::min(a_panels, first_panel + block_panels);
+    const std::size_t first_panel = row_block_begin(row_block), end_panel = row_block_begin(row_block + 1);
     if (groups == 1) pack_a_panels(first_panel, end_panel);
     const std::size_t panel_begin = group * panels_per_group;
     const std::size_t panel_end = std::min(panels, (group + 1) * panels_per_group);
@@ -516,7 +518,7 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
     }
   };
   // Each B element of the block is read once (from DRAM when B streams).
-  for_each_index(ceil_div(a_panels, block_panels) * groups,
+  for_each_index(row_blocks * groups,
                  (2.0 * double(m) + flops_per_byte_moved * double(element_size)) * double(cols) * double(depth),
                  run_task);
 }
@@ -651,9 +653,12 @@ void gemm(gemm_shape shape, float alpha, gemm_operand a, gemm_operand b, float b
       packed_as_read.packing = b_packed.data();
       return packed_as_read;
     }
-    // Each task packs 16 panels: an untransposed B is then read 1 KiB of a row at
-    // a time (measured 2-4x faster than one 64-byte panel row per row on Zen 3).
-    constexpr std::size_t panels_per_task = 16;
+    // Each task packs up to 16 panels: an untransposed B is then read 1 KiB of a
+    // row at a time (measured 2-4x faster than one 64-byte panel row per row on
+    // Zen 3); fewer where that leaves a thread without a task (at most 16
+    // panels, 512 columns at NR 32, were packed by one thread while the others
+    // waited), but at least 4.
+    const std::size_t panels_per_task = std::clamp<std::size_t>(ceil_div(ceil_div(cols, nr), arena_threads()), 4, 16);
     const std::size_t columns_per_task = panels_per_task * nr;
     for_each_index(ceil_div(cols, columns_per_task),
                    flops_per_byte_moved * sizeof(float) * double(cols) * double(depth), [&](std::size_t task) {
