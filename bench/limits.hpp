@@ -84,6 +84,8 @@ class limit_kernels {
   /// thread (always, at 1 thread): a run whose slices took turns (a worker
   /// late, or its core taken by another process) measured fewer cores.
   bool last_run_concurrent() const { return concurrent_; }
+  /// The longest wall time one slice of the last run took, in seconds.
+  double last_run_slowest_slice() const;
   /// The arena the slices run on: work timed beside a limit run (a decode
   /// call) runs here too, so that the same worker threads serve both.
   tbb::task_arena& arena() { return arena_; }
