@@ -1,6 +1,7 @@
 #include "engine/gemm/pack.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include <xmmintrin.h>
 
@@ -9,6 +10,12 @@ namespace {
 
 constexpr std::size_t rows_ahead = 4;  // see pack_panels
 constexpr std::size_t floats_per_line = 16;
+
+// One 32-bit element's bits from `from` to `to`. The transposing path below
+// moves elements only through this, memset and the SSE intrinsics (whose
+// loads and stores may alias any type), so it serves 32-bit words that are
+// not floats as well (pack_a_words).
+void copy_element(float* to, const float* from) { std::memcpy(to, from, sizeof(float)); }
 
 // op(X)(outer, inner): outer indexes the panel's rows (A) or columns (B),
 // inner the k axis. Both operands reduce to one strided 2-D read.
@@ -85,7 +92,7 @@ void pack_panels(strided_view view, std::size_t outer0, std::size_t count, std::
         _mm_storeu_ps(packed + (k + 3) * width + lane, r3);
       }
     for (; k < depth; ++k)
-      for (std::size_t lane = 0; lane < grouped; ++lane) packed[k * width + lane] = lane_source(lane)[k];
+      for (std::size_t lane = 0; lane < grouped; ++lane) copy_element(packed + k * width + lane, lane_source(lane) + k);
     std::size_t lane = grouped;
     // Two lanes (MR = 6 leaves two after the groups of four): 2 x 4 k at a
     // time, interleaved with unpacks and stored as 64-bit lane pairs.
@@ -102,14 +109,16 @@ void pack_panels(strided_view view, std::size_t outer0, std::size_t count, std::
         _mm_storeh_pi(reinterpret_cast<__m64*>(packed + (k + 3) * width + lane), high);
       }
       for (; k < depth; ++k) {
-        packed[k * width + lane] = first[k];
-        packed[k * width + lane + 1] = second[k];
+        copy_element(packed + k * width + lane, first + k);
+        copy_element(packed + k * width + lane + 1, second + k);
       }
     }
-    for (; lane < width; ++lane) {
-      const float* source = lane < lanes ? lane_source(lane) : nullptr;
-      for (std::size_t k = 0; k < depth; ++k) packed[k * width + lane] = source != nullptr ? source[k] : 0.0f;
-    }
+    for (; lane < lanes; ++lane)
+      for (std::size_t k = 0; k < depth; ++k) copy_element(packed + k * width + lane, lane_source(lane) + k);
+    // The lanes past the matrix: one run of zeros per k.
+    if (lanes < width)
+      for (std::size_t k = 0; k < depth; ++k)
+        std::memset(packed + k * width + lanes, 0, (width - lanes) * sizeof(float));
   }
 }
 
@@ -119,6 +128,13 @@ void pack_a(gemm_operand a, std::size_t row0, std::size_t rows, std::size_t k0, 
             float* packed) {
   const strided_view view = a.trans == transpose::no ? strided_view{a.data, a.ld, 1} : strided_view{a.data, 1, a.ld};
   pack_panels(view, row0, rows, k0, depth, mr, packed);
+}
+
+void pack_a_words(const void* words, std::size_t ld, std::size_t rows, std::size_t depth, std::size_t mr,
+                  void* packed) {
+  // The transposing path (ld > 1 is its outer stride) moves the words' bits as they are.
+  pack_panels(strided_view{static_cast<const float*>(words), ld, 1}, 0, rows, 0, depth, mr,
+              static_cast<float*>(packed));
 }
 
 void pack_b(gemm_operand b, std::size_t k0, std::size_t depth, std::size_t col0, std::size_t cols, std::size_t nr,
