@@ -1,6 +1,7 @@
 #include "engine/gemm/pack.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 
 #include <xmmintrin.h>
@@ -132,7 +133,7 @@ void pack_a(gemm_operand a, std::size_t row0, std::size_t rows, std::size_t k0, 
 
 void pack_a_words(const void* words, std::size_t ld, std::size_t rows, std::size_t depth, std::size_t mr,
                   void* packed) {
-  // The transposing path (ld > 1 is its outer stride) moves the words' bits as they are.
+  assert(ld > 1);  // the transposing path (ld is its outer stride), which moves the words' bits as they are
   pack_panels(strided_view{static_cast<const float*>(words), ld, 1}, 0, rows, 0, depth, mr,
               static_cast<float*>(packed));
 }
