@@ -170,7 +170,8 @@ TEST_CASE(
   using kvhead::kv_dtype;
   for (const kernel_config_row& row : kernel_config_rows) {
     CAPTURE(row.name);
-    for (const std::size_t l1 : {row.paged_prefetch_bytes, row.fp32_paged_prefetch_bytes})
+    for (const std::size_t l1 :
+         {row.paged_prefetch_bytes, row.fp32_paged_prefetch_bytes, row.widened_paged_prefetch_bytes})
       for (const kv_dtype element : {kv_dtype::f32, kv_dtype::bf16, kv_dtype::f16, kv_dtype::int8})
         for (const bool single_row_block : {false, true}) {
           const stream_prefetch ahead = paged_stream_prefetch(row, l1, single_row_block, element);
@@ -189,16 +190,38 @@ TEST_CASE(
   // The Xeon row: bf16 K/V in the fp32 GEMM 3 KiB ahead into L1 and 7 KiB into L2; f32 K/V and S4's
   // several row blocks L1 only.
   const kernel_config_row& xeon_row = kernel_config_row_for(simd_path::avx512, xeon_amx);
-  CHECK(paged_stream_prefetch(xeon_row, xeon_row.fp32_paged_prefetch_bytes, true, kvhead::kv_dtype::bf16).l2_bytes ==
+  CHECK(paged_stream_prefetch(xeon_row, xeon_row.widened_paged_prefetch_bytes, true, kvhead::kv_dtype::bf16).l2_bytes ==
         7168);
   CHECK(paged_stream_prefetch(xeon_row, xeon_row.fp32_paged_prefetch_bytes, true, kvhead::kv_dtype::f32).l2_bytes == 0);
   CHECK(paged_stream_prefetch(xeon_row, xeon_row.paged_prefetch_bytes, false, kvhead::kv_dtype::int8).l2_bytes == 0);
   // The Zen 4 row: the bf16 kernels 8 KiB ahead under several row blocks (S4), nothing under one (S1, S5);
-  // the int8 kernels 8 KiB ahead under either.
+  // the int8 kernels 8 KiB ahead under either, and 20 KiB into L2 under one; f16 K/V in the fp32 GEMM
+  // 4 KiB ahead and 16 KiB into L2; f32 K/V not prefetched.
   const kernel_config_row& zen4_row = kernel_config_row_for(simd_path::avx512, zen4);
   CHECK(bf16_paged_stream_prefetch(zen4_row, false, kvhead::kv_dtype::bf16).l1_bytes == 8192);
   CHECK(bf16_paged_stream_prefetch(zen4_row, true, kvhead::kv_dtype::bf16).l1_bytes == 0);
   CHECK(paged_stream_prefetch(zen4_row, zen4_row.paged_prefetch_bytes, true, kvhead::kv_dtype::int8).l1_bytes == 8192);
+  CHECK(paged_stream_prefetch(zen4_row, zen4_row.paged_prefetch_bytes, true, kvhead::kv_dtype::int8).l2_bytes == 20480);
+  CHECK(paged_stream_prefetch(zen4_row, zen4_row.widened_paged_prefetch_bytes, true, kvhead::kv_dtype::f16).l2_bytes ==
+        16384);
+  CHECK(zen4_row.fp32_paged_prefetch_bytes == 0);
+}
+
+TEST_CASE("paged prefetch: the fp32 GEMM takes the f32 distance over f32 K/V, the widened one over the others") {
+  using kvhead::kv_dtype;
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    CAPTURE(kvhead::to_string(path));
+    const kernel_config_row& row = *kernel_config_for(path).row;
+    const gemm_config& config = gemm_config_for(path);
+    for (const kv_dtype element : {kv_dtype::f32, kv_dtype::bf16, kv_dtype::f16, kv_dtype::int8}) {
+      CAPTURE(kvhead::to_string(element));
+      const std::size_t l1 =
+          element == kv_dtype::f32 ? row.fp32_paged_prefetch_bytes : row.widened_paged_prefetch_bytes;
+      const stream_prefetch ahead = config.paged_prefetch[static_cast<std::size_t>(element)];
+      CHECK(ahead.l1_bytes == l1);
+      CHECK(ahead.l2_bytes == paged_stream_prefetch(row, l1, true, element).l2_bytes);
+    }
+  }
 }
 
 TEST_CASE("gemm: the same bits under any cache blocking of a path (MC, NC and the sweep never order a sum)") {

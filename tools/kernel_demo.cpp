@@ -43,10 +43,10 @@ void print_configuration() {
                                     ? std::string("a page")
                                     : "pages up to " + std::to_string(row.int8_pv_rows_per_call) + " rows";
     std::printf(
-        "  %c %-13s %-6s %2zu x %-2zu  attention tiles of %3zu rows  paged prefetch %4zu B (fp32 GEMM %4zu B%s, L2 "
-        "%4zu B further%s)  A in place up to %zu B panels  int8 p v: %s a call  for %s\n",
+        "  %c %-13s %-6s %2zu x %-2zu  attention tiles of %3zu rows  paged prefetch %4zu B (fp32 GEMM %4zu B, "
+        "widening %4zu B%s, L2 %5zu B further%s)  A in place up to %zu B panels  int8 p v: %s a call  for %s\n",
         &row == chosen.row ? '*' : ' ', row.name, to_string(row.path), row.mr, row.nr, row.attention_rows,
-        row.paged_prefetch_bytes, row.fp32_paged_prefetch_bytes,
+        row.paged_prefetch_bytes, row.fp32_paged_prefetch_bytes, row.widened_paged_prefetch_bytes,
         row.fp32_paged_prefetch_to_l2 ? " into L2 with no lead" : "", row.paged_l2_lead_bytes,
         row.bf16_single_row_block_prefetch ? "" : "; bf16 kernels: none under a single row block",
         row.a_in_place_panels, int8_pv.c_str(), engine::to_string(row.cpu));

@@ -53,10 +53,11 @@ struct kernel_config_row {
   std::size_t attention_rows;  // stacked query rows per attention tile (a multiple of MR)
   // How far ahead, in bytes, a decode step's products over a paged B (K/V as
   // a cache stores them) prefetch the panel rows they stream: the bf16 and
-  // int8 paged kernels, and the fp32 GEMM under a single A panel (f32 and
-  // f16 K/V), whose best distances were measured apart; 0: none, the
+  // int8 paged kernels; the fp32 GEMM under a single A panel over f32 K/V,
+  // and over the K/V it widens (f16; bf16 and int8 where their own kernels
+  // do not run), whose best distances were measured apart; 0: none, the
   // hardware prefetchers alone.
-  std::size_t paged_prefetch_bytes, fp32_paged_prefetch_bytes;
+  std::size_t paged_prefetch_bytes, fp32_paged_prefetch_bytes, widened_paged_prefetch_bytes;
   // Under a single row block (a decode step's GQA group, whose stream alone
   // sets the pace) over compressed K/V (bf16, f16, int8), each step also
   // prefetches its rows this many bytes beyond the distance above into L2
@@ -96,7 +97,8 @@ struct kernel_config_row {
 };
 
 inline constexpr kernel_config_row kernel_config_rows[] = {
-    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 8192, 0, 0, false, false, 8, 0, true,
+    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 8192, 0, 4096, 12288, false, false, 8, 0,
+     true,
      "Zen 4 splits each 512-bit FMA over its two 256-bit pipes (16 fp32 FMAs per cycle). 32 zmm: "
      "12 x 32 = 24 accumulators + 2 B vectors + 1 broadcast = 27 live; 24 chains cover the 4-cycle "
      "latency; 14 x 32 (31 live) measured no faster. The 32 KiB B micro-panel streams from L2 "
@@ -107,12 +109,19 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "ahead, but the bf16 ones not under a single row block: S4 over bf16 888-911 -> 799-817 us, over "
      "int8 755-779 -> 678-692 (2 and 4 KiB: less), while S1 over bf16 took 747-765 us without, 790-876 "
      "with 2-8 KiB ahead (S5 alike); int8 under a single row block the same either way at 256-key "
-     "blocks, block 128 1.22 -> 1.09 of block 256's time. The fp32 GEMM's paged rows not prefetched (4 "
-     "KiB ahead: S1 f32 1-3% slower). A in place up to 8 B panels, as on Zen 5: S2 96-101 -> 92-95 ms, "
+     "blocks, block 128 1.22 -> 1.09 of block 256's time. The fp32 GEMM's paged rows over f32 not prefetched (4 "
+     "KiB ahead: S1 f32 1-3% slower; 2-4 KiB with a further 6-8 KiB into L2: 8-30% slower), over f16 4 KiB "
+     "ahead, and under a single row block every compressed stream that prefetches (f16, int8) 12 KiB further "
+     "into L2 (prefetcht1; 2026-12-07, S1_decode_gqa_vs_limit, 2 runs each of a throwaway build reading the "
+     "distances from the environment, time over f32's in the same iterations): f16 0.75-0.80 -> 0.63-0.65, "
+     "int8 0.46-0.47 -> 0.41-0.42; S5 f16 9.17 -> 7.85-7.98 ms, int8 5.47-5.63 -> 4.99-5.08; 2-8 KiB ahead "
+     "and 8-16 KiB further within the noise of these; the bf16 kernels with any prefetch under a single row "
+     "block, into L2 only as well, 10-20% slower. A in place up to 8 B panels, as on Zen 5: S2 96-101 -> 92-95 ms, "
      "S4 f32 75% -> 79% of the peak beside it, 256^3 3% and 32 x 4096 x 128 3% faster, 1024 x 128 x 1024 "
      "within 1%. int8 p v one page per call, not several up to 64 rows (block 16 1.44-1.46 -> 1.18-1.23 of "
      "block 256's time, 32 1.34-1.35 -> 1.07-1.09)."},
-    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 0, true, false, 8, 64, true,
+    {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 4096, 0, true, false, 8, 64,
+     true,
      "Zen 5: two full 512-bit FMA pipes (32 fp32 FMAs per cycle), 48 KiB L1d, 1 MiB L2; the tile, "
      "blocks and attention tiles of avx512-2x512 (below), measured here: 81-89% of FMA peak at 1024^3; "
      "an A block of 1/8 to 3/4 of L2 and NC 1024 to 4096 within the noise of the default; attention "
@@ -128,7 +137,8 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "719-722 us, 256^3 146 -> 141 us, 1024 x 128 x 1024 1.19-1.21 -> 1.13 ms; at 16 B panels 1024^3 "
      "within the noise, and with every A in place 2048^3 lost 9-13%. int8 p v pages several to a call up to 64 "
      "rows (5 alternations, S1 over an int8 cache): block 16 405 -> 366 us, 32 348 -> 340."},
-    {"avx512-xeon", simd_path::avx512, cpu_class::intel_amx, 12, 32, 2, 120, 2048, 3072, 4096, true, true, 8, 0, false,
+    {"avx512-xeon", simd_path::avx512, cpu_class::intel_amx, 12, 32, 2, 120, 2048, 3072, 3072, 4096, true, true, 8, 0,
+     false,
      "Intel Xeon with AMX (measured on one that reports model 0xa7 under KVM, 2026-12-04): the tile, blocks "
      "and attention tiles of avx512-2x512 (below); attention tiles of 240 rows within the noise of 120. "
      "vdpbf16ps runs at half the FMA rate here (limit_avx512bf16 120 GFLOP/s against limit_fma_peak 242), "
@@ -152,14 +162,14 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "alternated 3 times, 2026-12-05): S4 f32 1.59-1.63 -> 1.52-1.55 ms, S1 f32 2.48-2.68 -> 2.42-2.51 ms, S4 over a "
      "bf16 cache and f32 at 2 threads within the noise; the near prefetch of bf16 and f16 rows (an L2 lead behind it) "
      "into L2 as well: S1 slower in 4 of 6 runs, kept in L1."},
-    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, true, false, 0, 64, true,
+    {"avx512-2x512", simd_path::avx512, cpu_class::any, 12, 32, 2, 120, 0, 0, 0, 0, true, false, 0, 64, true,
      "Two full 512-bit FMA ports (Intel Xeon, AMD Zen 5): 32 fp32 FMAs per cycle, 4-cycle latency, "
      "so at least 8 independent chains; 12 x 32 keeps 24 (BLIS's skx sgemm, 32 x 12 transposed) "
      "with 14 loads per 24 FMAs, within two load ports. The 32 KiB B micro-panel fits a 48 KiB L1d. "
      "Attention tiles of 120 rows (measured on Zen 5, avx512-zen5 above). No paged prefetch, no A in place "
      "beyond one panel: CPUs no row names (the Xeons and Zen 5 measured have theirs above). int8 p v pages "
      "several to a call up to 64 rows, as on Zen 5."},
-    {"avx2-zen3", simd_path::avx2, cpu_class::amd_zen3, 6, 16, 2, 120, 2048, 2048, 0, true, false, 0, 32, true,
+    {"avx2-zen3", simd_path::avx2, cpu_class::amd_zen3, 6, 16, 2, 120, 2048, 2048, 2048, 0, true, false, 0, 32, true,
      "Zen 3 (measured on an EPYC that reports model 0x1 under KVM, 2026-12-06): the tile, blocks and attention "
      "tiles of avx2 (below). The int8 paged kernels' rows 2 KiB ahead, as the fp32 GEMM's (S1's geometry over "
      "an int8 cache from DRAM, the best of 1200 steps in one process: 975 -> 910 us; 4 and 8 KiB within the "
@@ -172,7 +182,7 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "(bf16 1.29-1.34 ms) or the prefetches into L2 only (1.18-1.21) slower. A packed unless it is one panel: "
      "A in place up to 8 B panels, as on Zen 5, was slower here (2 alternations: S4 2.07-2.16 -> 2.19-2.33 ms, "
      "1024 x 128 x 1024 3.23-3.28 -> 3.36-3.55 ms, S2 within the noise)."},
-    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0, true, false, 0, 0, true,
+    {"avx2", simd_path::avx2, cpu_class::any, 6, 16, 2, 120, 0, 0, 0, 0, true, false, 0, 0, true,
      "AVX2 + FMA, two 256-bit FMA pipes (Intel Haswell on, AMD Zen 1-4): 16 ymm: 6 x 16 = 12 "
      "accumulators + 2 B vectors + 1 broadcast = 15 live (BLIS's haswell sgemm); 12 chains cover "
      "4-cycle latency x 2 pipes (needs 8); 8 loads per 12 FMAs. B micro-panel 16 KiB, half of L1d. "
@@ -180,7 +190,7 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "rows: 60, 120 and 240 measured within 2% on S2 and S3 (Zen 3, 512 KiB L2); fewer rows re-read "
      "each chunk's K and V more often, more spill the scores from L2. int8 K/V: the int8 paged kernels of 16 "
      "columns (vpmaddwd, kernels_avx2int8.cpp)."},
-    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0, true, false, 0, 0, true,
+    {"sse2", simd_path::sse2, cpu_class::any, 6, 8, 2, 120, 0, 0, 0, 0, true, false, 0, 0, true,
      "SSE2 (no FMA): 16 xmm: 6 x 8 = 12 accumulators + 2 B + 1 broadcast + 1 product temporary = 16. "
      "B micro-panel 8 KiB. Attention tiles of 120 rows, as for AVX2. No int8 paged kernels (they need AVX2 at least)."},
 };
@@ -194,7 +204,7 @@ static_assert([] {
 static_assert([] {
   for (const kernel_config_row& row : kernel_config_rows)
     if (row.paged_prefetch_bytes % 64 != 0 || row.fp32_paged_prefetch_bytes % 64 != 0 ||
-        row.paged_l2_lead_bytes % 64 != 0)
+        row.widened_paged_prefetch_bytes % 64 != 0 || row.paged_l2_lead_bytes % 64 != 0)
       return false;
   return true;
 }(), "paged prefetch distances are whole cache lines");
@@ -207,9 +217,9 @@ struct stream_prefetch {
 };
 
 /// The distances of `row` for a paged product of the kernels whose L1
-/// distance is `l1_bytes` (paged_prefetch_bytes or fp32_paged_prefetch_bytes)
-/// over B stored as `element`: the L2 one only under a single row block and
-/// over compressed elements (paged_l2_lead_bytes).
+/// distance is `l1_bytes` (paged_prefetch_bytes, fp32_paged_prefetch_bytes or
+/// widened_paged_prefetch_bytes) over B stored as `element`: the L2 one only
+/// under a single row block and over compressed elements (paged_l2_lead_bytes).
 constexpr stream_prefetch paged_stream_prefetch(const kernel_config_row& row, std::size_t l1_bytes,
                                                 bool single_row_block, kv_dtype element) {
   const bool l2 = single_row_block && element != kv_dtype::f32 && l1_bytes != 0 && row.paged_l2_lead_bytes != 0;

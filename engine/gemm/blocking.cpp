@@ -53,12 +53,16 @@ static_assert(every_row_is_compiled(), "a kernel_config row names a register til
 
 namespace {
 
-// The fp32 GEMM's paged prefetch distances under a single A panel, per stored element type.
+// The fp32 GEMM's paged prefetch distances under a single A panel, per stored element type (f32 read as
+// stored, the others widened).
 std::array<stream_prefetch, stored_dtype_count> paged_prefetch(const kernel_config_row& row) {
   std::array<stream_prefetch, stored_dtype_count> by_element;
-  for (std::size_t element = 0; element < stored_dtype_count; ++element)
-    by_element[element] =
-        paged_stream_prefetch(row, row.fp32_paged_prefetch_bytes, true, static_cast<kv_dtype>(element));
+  for (std::size_t element = 0; element < stored_dtype_count; ++element) {
+    const auto stored = static_cast<kv_dtype>(element);
+    const std::size_t l1_bytes =
+        stored == kv_dtype::f32 ? row.fp32_paged_prefetch_bytes : row.widened_paged_prefetch_bytes;
+    by_element[element] = paged_stream_prefetch(row, l1_bytes, true, stored);
+  }
   return by_element;
 }
 

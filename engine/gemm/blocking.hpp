@@ -47,7 +47,8 @@ struct gemm_config {
   // half_microkernels[element][rows - 1], rows in 1..mr: the first NR / 2 columns only (microkernel.hpp).
   std::array<const microkernel_function*, stored_dtype_count> half_microkernels;
   const row_stream_function* row_streams;  // [rows - 1], rows in 1..row_stream_max_rows
-  // paged_prefetch[element]: under a single A panel, kernel_config_row::fp32_paged_prefetch_bytes and the L2 lead.
+  // paged_prefetch[element]: under a single A panel, kernel_config_row::fp32_paged_prefetch_bytes (f32) or
+  // widened_paged_prefetch_bytes (the others) and the L2 lead.
   std::array<stream_prefetch, stored_dtype_count> paged_prefetch;
   bool paged_prefetch_to_l2 = false;       // kernel_config_row::fp32_paged_prefetch_to_l2
   std::size_t a_in_place_panels = 0;       // kernel_config_row::a_in_place_panels
