@@ -97,7 +97,7 @@ struct kernel_config_row {
 };
 
 inline constexpr kernel_config_row kernel_config_rows[] = {
-    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 8192, 0, 4096, 12288, false, false, 8, 0,
+    {"avx512-zen4", simd_path::avx512, cpu_class::amd_zen4, 12, 32, 2, 120, 8192, 0, 4096, 12288, false, false, 8, 32,
      true,
      "Zen 4 splits each 512-bit FMA over its two 256-bit pipes (16 fp32 FMAs per cycle). 32 zmm: "
      "12 x 32 = 24 accumulators + 2 B vectors + 1 broadcast = 27 live; 24 chains cover the 4-cycle "
@@ -118,8 +118,10 @@ inline constexpr kernel_config_row kernel_config_rows[] = {
      "and 8-16 KiB further within the noise of these; the bf16 kernels with any prefetch under a single row "
      "block, into L2 only as well, 10-20% slower. A in place up to 8 B panels, as on Zen 5: S2 96-101 -> 92-95 ms, "
      "S4 f32 75% -> 79% of the peak beside it, 256^3 3% and 32 x 4096 x 128 3% faster, 1024 x 128 x 1024 "
-     "within 1%. int8 p v one page per call, not several up to 64 rows (block 16 1.44-1.46 -> 1.18-1.23 of "
-     "block 256's time, 32 1.34-1.35 -> 1.07-1.09)."},
+     "within 1%. int8 p v pages of 16 rows two to a call: before the L2 lead one page per call measured faster "
+     "than several up to 64 rows (block 16 1.44-1.46 -> 1.18-1.23 of block 256's time, 32 1.34-1.35 -> "
+     "1.07-1.09); with it (decode_block_sizes_int8, 2-4 runs of each) block 16 1.11-1.22 -> 1.04 at two a call, "
+     "1.02-1.03 at three, 1.07-1.10 at up to 64 rows (blocks of 32 then two a call as well)."},
     {"avx512-zen5", simd_path::avx512, cpu_class::amd_zen5, 12, 32, 2, 120, 8192, 4096, 4096, 0, true, false, 8, 64,
      true,
      "Zen 5: two full 512-bit FMA pipes (32 fp32 FMAs per cycle), 48 KiB L1d, 1 MiB L2; the tile, "
