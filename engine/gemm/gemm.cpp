@@ -338,7 +338,8 @@ void multiply_block(const gemm_config& config, std::size_t m, float alpha, gemm_
       // A single A panel streams B at DRAM speed: the next panel's
       // prefetches would only compete with the hardware's (S1_decode_gqa on
       // Zen 4: 1.72-1.96 ms with them, 1.48-1.67 without); where the
-      // configuration says (fp32_paged_prefetch_bytes and widened_, kernel_config.hpp)
+      // configuration says (fp32_paged_prefetch_bytes over f32,
+      // widened_paged_prefetch_bytes over the others; kernel_config.hpp)
       // each step prefetches its own row that far ahead in the stream
       // instead (Zen 5, 3 alternations: S1 over an f16 cache 0.703 -> 0.578
       // ms, S5 6.21 -> 5.23, at 8 KiB; 4 KiB then took 5% off f32 and f16 as
