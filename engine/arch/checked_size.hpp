@@ -1,5 +1,6 @@
 // Size arithmetic that reports overflow instead of wrapping: for validating
-// sizes at the public boundary before anything is allocated or indexed.
+// sizes at the public boundary before anything is allocated or indexed; and
+// the roundings of sizes every layer uses.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +27,16 @@ inline std::optional<std::size_t> checked_sum(std::size_t a, std::size_t b) {
   std::size_t sum = 0;
   if (__builtin_add_overflow(a, b, &sum)) return std::nullopt;
   return sum;
+}
+
+/// value / divisor rounded up (divisor > 0); never overflows.
+inline constexpr std::size_t ceil_div(std::size_t value, std::size_t divisor) {
+  return value / divisor + (value % divisor != 0);
+}
+
+/// value rounded up to a multiple of `multiple` (> 0), which must fit.
+inline constexpr std::size_t round_up(std::size_t value, std::size_t multiple) {
+  return ceil_div(value, multiple) * multiple;
 }
 
 }  // namespace kvhead::engine

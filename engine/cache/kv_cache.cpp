@@ -60,6 +60,7 @@ namespace kvhead {
 
 namespace {
 
+using engine::ceil_div;
 using engine::kv_panel_multiple;
 constexpr std::size_t min_table_capacity = 8;  // first growth of a block table
 constexpr std::size_t region_alignment = 64;   // bytes: every region starts on a cache line
@@ -68,8 +69,6 @@ constexpr bool poison_freed_blocks = false;
 #else
 constexpr bool poison_freed_blocks = true;  // debug builds: a freed block reads as NaN in every dtype
 #endif
-
-std::size_t ceil_div(std::size_t a, std::size_t b) { return a / b + (a % b != 0); }
 
 /// a * b, or throws std::invalid_argument(message) when it overflows.
 std::size_t checked_product(std::size_t a, std::size_t b, const char* message) {

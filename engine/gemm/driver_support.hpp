@@ -8,14 +8,10 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include "engine/arch/checked_size.hpp"
 #include "engine/gemm/gemm.hpp"
 
 namespace kvhead::engine {
-
-inline std::size_t round_up(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-inline std::size_t ceil_div(std::size_t value, std::size_t divisor) { return (value + divisor - 1) / divisor; }
 
 /// op(X) is rows x cols: throws std::invalid_argument ("gemm: ...") for a
 /// null X or a leading dimension below its row length (nothing when empty).
