@@ -1,4 +1,4 @@
-// RoPE's scaled variants (linear, llama3, yarn), partial rotary and QK-norm
+// RoPE's scaled variants (linear, llama3, yarn, longrope), partial rotary and QK-norm
 // against the double references of tests/reference/rope_scaling_reference.hpp
 // (written from Hugging Face's formulas), over random parameters, awkward
 // head sizes and positions on both sides of the shared table's end (2^17);
@@ -51,11 +51,19 @@ std::pair<rope_variant, rope_scaling> random_variant(rope_kind kind, std::size_t
     v.mscale_all_dim = 0.5 + unit(generator);
   }
   if (attention == 2) v.attention_factor = 0.5 + unit(generator);
+  // longrope: Phi-3's short factors are near 1, its long ones up to ~60;
+  // a factor below 1 leaves the attention factor at 1.
+  if (kind == rope_kind::longrope && generator() % 4 == 0) v.factor = 0.2 + 0.8 * unit(generator);
+  for (std::size_t i = 0; i < r / 2; ++i) {
+    v.short_factor.push_back(1.0 + 2.0 * unit(generator));
+    v.long_factor.push_back(1.0 + 60.0 * unit(generator));
+  }
   using k = rope_scaling::kind;
-  s.type = kind == rope_kind::plain    ? k::none
-           : kind == rope_kind::linear ? k::linear
-           : kind == rope_kind::llama3 ? k::llama3
-                                       : k::yarn;
+  s.type = kind == rope_kind::plain      ? k::none
+           : kind == rope_kind::linear   ? k::linear
+           : kind == rope_kind::llama3   ? k::llama3
+           : kind == rope_kind::longrope ? k::longrope
+                                         : k::yarn;
   s.factor = v.factor;
   s.low_freq_factor = v.low_freq_factor;
   s.high_freq_factor = v.high_freq_factor;
@@ -66,10 +74,13 @@ std::pair<rope_variant, rope_scaling> random_variant(rope_kind kind, std::size_t
   s.mscale = v.mscale;
   s.mscale_all_dim = v.mscale_all_dim;
   if (v.attention_factor != 0.0) s.attention_factor = v.attention_factor;
+  s.short_factor = v.short_factor;
+  s.long_factor = v.long_factor;
   return {v, s};
 }
 
-constexpr rope_kind all_kinds[] = {rope_kind::plain, rope_kind::linear, rope_kind::llama3, rope_kind::yarn};
+constexpr rope_kind all_kinds[] = {rope_kind::plain, rope_kind::linear, rope_kind::llama3, rope_kind::yarn,
+                                   rope_kind::longrope};
 
 }  // namespace
 
@@ -80,15 +91,23 @@ TEST_CASE("rope scaling: inverse frequencies and attention factor equal HF's for
       for (int trial = 0; trial < 20; ++trial) {
         const auto [v, s] = random_variant(kind, r, generator);
         INFO("kind " << int(kind) << " rotary_dim " << r << " trial " << trial);
-        REQUIRE(kvhead::engine::rope_scaling_problem(s, v.theta).empty());
-        const kvhead::engine::rope_frequencies got = kvhead::engine::scaled_rope_frequencies(v.theta, r, s);
-        const std::vector<double> expected = kvhead::reference::rope_inv_freq(v);
-        REQUIRE(got.inv_freq.size() == expected.size());
-        for (std::size_t i = 0; i < expected.size(); ++i) {
-          // Both in double, in different orders: a few ulps of pow and log apart.
-          CHECK(std::fabs(got.inv_freq[i] - expected[i]) <= 1e-13 * expected[i]);
+        REQUIRE(kvhead::engine::rope_scaling_problem(s, v.theta, r).empty());
+        // longrope: the frequencies before and from the original length
+        // (a sequence of it and of one token more); the other kinds have one set.
+        const std::size_t original = std::size_t(v.original_length);
+        for (const bool long_factors : {false, true}) {
+          const kvhead::engine::rope_frequencies got =
+              kvhead::engine::scaled_rope_frequencies(v.theta, r, s, long_factors);
+          const std::vector<double> expected =
+              kvhead::reference::rope_inv_freq(v, long_factors ? original + 1 : original);
+          REQUIRE(got.inv_freq.size() == expected.size());
+          for (std::size_t i = 0; i < expected.size(); ++i) {
+            // Both in double, in different orders: a few ulps of pow and log apart.
+            CHECK(std::fabs(got.inv_freq[i] - expected[i]) <= 1e-13 * expected[i]);
+          }
+          CHECK(std::fabs(got.attention_factor - kvhead::reference::rope_attention_factor(v)) <= 1e-15 * 4);
         }
-        CHECK(std::fabs(got.attention_factor - kvhead::reference::rope_attention_factor(v)) <= 1e-15 * 4);
+        CHECK(kvhead::engine::long_factors_from(s) == (kind == rope_kind::longrope ? original : SIZE_MAX));
       }
 }
 
@@ -97,12 +116,17 @@ TEST_CASE("rope scaling: rows rotated by the engine agree with the double refere
   struct shape {
     std::size_t head_dim, rotary_dim;
   };
-  const std::vector<std::size_t> positions = {0, 1, 7, 31, 4095, 4096, 65537, 131071, 131072, 131073, 200003};
+  const std::vector<std::size_t> fixed_positions = {0, 1, 7, 31, 4095, 4096, 65537, 131071, 131072, 131073, 200003};
   for (const rope_kind kind : all_kinds)
     for (const shape sh : {shape{2, 2}, shape{16, 12}, shape{18, 18}, shape{33, 16}, shape{96, 64}, shape{130, 98}})
       for (int trial = 0; trial < 3; ++trial) {
         const auto [v, s] = random_variant(kind, sh.rotary_dim, generator);
         INFO("kind " << int(kind) << " head_dim " << sh.head_dim << " rotary_dim " << sh.rotary_dim);
+        // And the rows on both sides of the original length (longrope's
+        // short and long factors), in one call.
+        std::vector<std::size_t> positions = fixed_positions;
+        const std::size_t original = std::size_t(v.original_length);
+        positions.insert(positions.end(), {original - 1, original, original + 1});
         const kvhead::engine::rope rope(sh.head_dim, sh.rotary_dim, v.theta, s);
         constexpr std::size_t heads = 3;
         const std::size_t row_stride = heads * sh.head_dim + 1;
@@ -223,7 +247,30 @@ TEST_CASE("attention_layer: the new options are checked") {
   c = config();
   c.rope_scaling.type = static_cast<rope_scaling::kind>(9);  // an integer cast: not silently plain RoPE
   c.rope_scaling.factor = 4.0;
-  rejects(c, weights, "rope_scaling type must be none, linear, llama3 or yarn, got 9");
+  rejects(c, weights, "rope_scaling type must be none, linear, llama3, yarn or longrope, got 9");
+  c = config();
+  c.rotary_dim = 12;
+  c.rope_scaling.type = rope_scaling::kind::longrope;
+  c.rope_scaling.original_max_position_embeddings = 4096.0;
+  c.rope_scaling.factor = 32.0;
+  c.rope_scaling.short_factor.assign(6, 1.5);
+  c.rope_scaling.long_factor.assign(5, 20.0);
+  rejects(c, weights, "long_factor must hold rotary_dim / 2 = 6 numbers, got 5");
+  c.rope_scaling.long_factor.assign(6, 20.0);
+  CHECK_NOTHROW(kvhead::attention_layer(c, weights));
+  c.rope_scaling.short_factor[3] = 0.0;
+  rejects(c, weights, "short_factor must be positive and finite, got 0");
+  c.rope_scaling.short_factor[3] = 1e-300;  // frequencies over it past FLT_MAX
+  rejects(c, weights, "short_factor 1e-300 is too small");
+  c.rope_scaling.short_factor[3] = 1.5;
+  c.rope_scaling.long_factor[0] = NAN;
+  rejects(c, weights, "long_factor must be positive and finite, got nan");
+  c.rope_scaling.long_factor[0] = 20.0;
+  c.rope_scaling.attention_factor = -1.0;
+  rejects(c, weights, "longrope rope_scaling attention_factor must be positive and finite");
+  c.rope_scaling.attention_factor.reset();
+  c.rope_scaling.original_max_position_embeddings = 1.0;  // its attention factor divides by ln 1
+  rejects(c, weights, "original_max_position_embeddings must be above 1, got 1");
   c = config();
   c.qk_norm_eps = 1e-6f;
   rejects(c, weights, "q_norm weight is null");

@@ -244,7 +244,9 @@ attention_config validated(attention_config config) {
   });
   // Ignored without RoPE (attention.hpp), so only checked with it.
   const std::string rope_problem =
-      config.rope_theta == 0.0 ? std::string() : engine::rope_scaling_problem(config.rope_scaling, config.rope_theta);
+      config.rope_theta == 0.0
+          ? std::string()
+          : engine::rope_scaling_problem(config.rope_scaling, config.rope_theta, config.rotary_dim);
   engine::require(rope_problem.empty(), [&] { return "attention_layer: " + rope_problem; });
   engine::require(!config.qk_norm_eps || (std::isfinite(*config.qk_norm_eps) && *config.qk_norm_eps >= 0.0f),
                   [&] { return std::string("attention_layer: qk_norm_eps must be finite and >= 0"); });

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -137,15 +138,25 @@ rope::rope(std::size_t head_dim, double theta) : rope(head_dim, head_dim, theta,
 rope::rope(std::size_t head_dim, std::size_t rotary_dim, double theta, const rope_scaling& scaling)
     : head_dim_(head_dim),
       rotary_dim_(rotary_dim),
-      table_(theta == 0.0 ? nullptr : shared_table(scaled_rope_frequencies(theta, rotary_dim, scaling))) {}
+      table_(theta == 0.0 ? nullptr : shared_table(scaled_rope_frequencies(theta, rotary_dim, scaling))),
+      long_table_(theta == 0.0 || scaling.type != rope_scaling::kind::longrope
+                      ? nullptr
+                      : shared_table(scaled_rope_frequencies(theta, rotary_dim, scaling, true))),
+      long_from_(long_table_ != nullptr ? long_factors_from(scaling) : SIZE_MAX) {}
 
 void rope::apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t heads,
                  const std::size_t* positions) const {
   if (table_ == nullptr || rows == 0) return;
-  std::size_t covered = 0;  // positions the table must hold: the rows' within table_limit
+  // Positions each table must hold: its rows' within table_limit (the long
+  // table's rows are those from long_from_ on).
+  std::size_t covered = 0, long_covered = 0;
   for (std::size_t row = 0; row < rows; ++row)
-    if (positions[row] < table_limit) covered = std::max(covered, positions[row] + 1);
+    if (positions[row] < table_limit) {
+      std::size_t& needed = positions[row] < long_from_ ? covered : long_covered;
+      needed = std::max(needed, positions[row] + 1);
+    }
   const std::shared_ptr<const rope_table> table = covered > 0 ? table_->covering(covered) : nullptr;
+  const std::shared_ptr<const rope_table> long_table = long_covered > 0 ? long_table_->covering(long_covered) : nullptr;
   const std::size_t half = rotary_dim_ / 2;
   // Pairs [first, first + count) of every head of `row`, with their cos and sin.
   auto rotate_pairs = [&](std::size_t row, std::size_t first, std::size_t count, const float* cos, const float* sin) {
@@ -160,8 +171,10 @@ void rope::apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t
   };
   auto rotate = [&](std::size_t row_begin, std::size_t row_end) {
     for (std::size_t row = row_begin; row < row_end; ++row) {
-      if (table != nullptr && positions[row] < table->positions) {
-        const float* cos = table->cos_sin.data() + positions[row] * rotary_dim_;
+      const bool long_factors = long_table_ != nullptr && positions[row] >= long_from_;
+      const rope_table* const row_table = long_factors ? long_table.get() : table.get();
+      if (row_table != nullptr && positions[row] < row_table->positions) {
+        const float* cos = row_table->cos_sin.data() + positions[row] * rotary_dim_;
         rotate_pairs(row, 0, half, cos, cos + half);
         continue;
       }
@@ -170,7 +183,7 @@ void rope::apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t
       float cos[pairs_at_once], sin[pairs_at_once];
       for (std::size_t first = 0; first < half; first += pairs_at_once) {
         const std::size_t count = std::min(pairs_at_once, half - first);
-        table_->angles(positions[row], first, count, cos, sin);
+        (long_factors ? long_table_ : table_)->angles(positions[row], first, count, cos, sin);
         rotate_pairs(row, first, count, cos, sin);
       }
     }

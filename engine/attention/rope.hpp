@@ -4,14 +4,16 @@
 //   x'[i]       = x[i] * cos - x[i + r/2] * sin
 //   x'[i + r/2] = x[i + r/2] * cos + x[i] * sin
 // and x[r, head_dim) unchanged. inv_freq_i = theta^(-2i/r), scaled per
-// rope_scaling (engine/attention/rope_scaling.hpp). cos and sin are computed
-// in double (times yarn's attention factor, 1 otherwise: an exact no-op) and
+// rope_scaling (engine/attention/rope_scaling.hpp; longrope: one set of
+// frequencies before long_factors_from, another from it on). cos and sin are
+// computed in double (times the attention factor of yarn and longrope, 1
+// otherwise: an exact no-op) and
 // rounded to float; the rotation is then done in float (products rounded,
 // then the sum: no FMA), so a row's result depends only on its values and its
 // position.
 //
 // The cos and sin of every position come from one table per (rotary_dim,
-// inverse frequencies, attention factor), shared by every layer and every call
+// inverse frequencies, attention factor; longrope: two), shared by every layer and every call
 // of the process that use it and freed with the last such layer (rope.cpp):
 // computed once, as above, and grown geometrically when a larger position is
 // asked for, so a growing sequence regrows it O(log n) times and steady-state
@@ -47,6 +49,10 @@ class rope {
   std::size_t head_dim_;
   std::size_t rotary_dim_;
   std::shared_ptr<rope_table_source> table_;  // null: no rotation; shared through the process-wide registry
+  // longrope: the table of positions from long_from_ on (long_factor); else
+  // null (and long_from_ SIZE_MAX: every position short of it).
+  std::shared_ptr<rope_table_source> long_table_;
+  std::size_t long_from_;
 };
 
 }  // namespace kvhead::engine

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numbers>
+#include <utility>
 
 #include "engine/arch/require.hpp"
 
@@ -64,6 +66,13 @@ double yarn_attention_factor(const rope_scaling& s) {
   return yarn_mscale(s.factor, 1.0);
 }
 
+// HF's longrope: as given, else 1 up to factor 1 and sqrt(1 + ln factor / ln L) above.
+double longrope_attention_factor(const rope_scaling& s) {
+  if (s.attention_factor) return *s.attention_factor;
+  if (s.factor <= 1.0) return 1.0;
+  return std::sqrt(1.0 + std::log(s.factor) / std::log(s.original_max_position_embeddings));
+}
+
 // The largest unscaled frequency, theta^(-2i/r) over i < r/2, is at most
 // max(1, 1 / theta); scaled, at most that over the factor. Within a float
 // (HF's frequencies are floats), every angle position * frequency is finite
@@ -71,9 +80,33 @@ double yarn_attention_factor(const rope_scaling& s) {
 double largest_frequency(double rope_theta) { return std::max(1.0, 1.0 / rope_theta); }
 constexpr double float_max = std::numeric_limits<float>::max();
 
+std::string longrope_problem(const rope_scaling& s, double rope_theta, std::size_t rotary_dim) {
+  // Its default attention factor divides by ln L: none at L = 1.
+  if (!(s.original_max_position_embeddings > 1.0))
+    return "longrope rope_scaling original_max_position_embeddings must be above 1, got " +
+           real_text(s.original_max_position_embeddings);
+  if (s.attention_factor && !(std::isfinite(*s.attention_factor) && *s.attention_factor > 0.0))
+    return "longrope rope_scaling attention_factor must be positive and finite";
+  for (const auto& [name, factors] : {std::pair{"short_factor", &s.short_factor}, {"long_factor", &s.long_factor}}) {
+    if (factors->size() != rotary_dim / 2)
+      return std::string("longrope rope_scaling ") + name +
+             " must hold rotary_dim / 2 = " + std::to_string(rotary_dim / 2) + " numbers, got " +
+             std::to_string(factors->size());
+    for (const double factor : *factors) {
+      if (!(std::isfinite(factor) && factor > 0.0))
+        return std::string("longrope rope_scaling ") + name + " must be positive and finite, got " + real_text(factor);
+      if (largest_frequency(rope_theta) / factor > float_max)
+        return std::string("longrope rope_scaling ") + name + " " + real_text(factor) +
+               " is too small: the frequencies over it overflow a float";
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
-rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, const rope_scaling& scaling) {
+rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, const rope_scaling& scaling,
+                                         bool long_factors) {
   rope_frequencies result;
   for (std::size_t i = 0; i < rotary_dim / 2; ++i)
     result.inv_freq.push_back(std::pow(theta, -2.0 * double(i) / double(rotary_dim)));
@@ -90,8 +123,21 @@ rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, c
       scale_yarn(result.inv_freq, theta, rotary_dim, scaling);
       result.attention_factor = yarn_attention_factor(scaling);
       break;
+    case rope_scaling::kind::longrope: {
+      const std::vector<double>& factors = long_factors ? scaling.long_factor : scaling.short_factor;
+      for (std::size_t i = 0; i < result.inv_freq.size(); ++i) result.inv_freq[i] /= factors[i];
+      result.attention_factor = longrope_attention_factor(scaling);
+      break;
+    }
   }
   return result;
+}
+
+std::size_t long_factors_from(const rope_scaling& scaling) {
+  // seq_len = position + 1 > L: position > L - 1, the first such integer floor(L).
+  const double first = std::floor(scaling.original_max_position_embeddings);
+  if (scaling.type != rope_scaling::kind::longrope || !(first < 0x1p63)) return SIZE_MAX;
+  return std::size_t(first);
 }
 
 std::string rope_theta_problem(double rope_theta) {
@@ -101,11 +147,12 @@ std::string rope_theta_problem(double rope_theta) {
   return "";
 }
 
-std::string rope_scaling_problem(const rope_scaling& s, double rope_theta) {
+std::string rope_scaling_problem(const rope_scaling& s, double rope_theta, std::size_t rotary_dim) {
   using kind = rope_scaling::kind;
   if (const std::string problem = rope_theta_problem(rope_theta); !problem.empty()) return problem;
-  if (s.type != kind::none && s.type != kind::linear && s.type != kind::llama3 && s.type != kind::yarn)
-    return "rope_scaling type must be none, linear, llama3 or yarn, got " + std::to_string(int(s.type));
+  if (s.type != kind::none && s.type != kind::linear && s.type != kind::llama3 && s.type != kind::yarn &&
+      s.type != kind::longrope)
+    return "rope_scaling type must be none, linear, llama3, yarn or longrope, got " + std::to_string(int(s.type));
   if (s.type == kind::none) return "";
   for (const double value : {s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings,
                              s.beta_fast, s.beta_slow, s.mscale, s.mscale_all_dim})
@@ -125,6 +172,7 @@ std::string rope_scaling_problem(const rope_scaling& s, double rope_theta) {
     // Its correction range divides by log(theta): every frequency NaN at 1.
     if (rope_theta == 1.0) return "yarn rope_scaling needs rope_theta other than 1 (it divides by log(rope_theta))";
   }
+  if (s.type == kind::longrope) return longrope_problem(s, rope_theta, rotary_dim);
   return "";
 }
 

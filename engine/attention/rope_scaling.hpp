@@ -13,21 +13,31 @@ namespace kvhead::engine {
 
 struct rope_frequencies {
   std::vector<double> inv_freq;   // [rotary_dim / 2]
-  double attention_factor = 1.0;  // multiplies cos and sin (yarn)
+  double attention_factor = 1.0;  // multiplies cos and sin (yarn, longrope)
 };
 
 /// The frequencies of RoPE with base theta (> 0) over rotary_dim (even, > 0)
-/// floats; `scaling` must have passed check_rope_scaling. For kind none,
-/// inv_freq_i = pow(theta, -2i / rotary_dim) exactly.
-rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, const rope_scaling& scaling);
+/// floats; `scaling` must have passed rope_scaling_problem. For kind none,
+/// inv_freq_i = pow(theta, -2i / rotary_dim) exactly. longrope: those of the
+/// positions before long_factors_from (short_factor), or with `long_factors`
+/// those from it on (long_factor); the other kinds ignore `long_factors`.
+rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, const rope_scaling& scaling,
+                                         bool long_factors = false);
+
+/// longrope: the first position rotated with long_factor, the one at which a
+/// sequence grows longer than original_max_position_embeddings (HF's test,
+/// seq_len > original, for a token at position seq_len - 1); SIZE_MAX for
+/// the other kinds (and for a length past every position).
+std::size_t long_factors_from(const rope_scaling& scaling);
 
 /// The problem of a positive `rope_theta` whose frequencies (up to
 /// max(1, 1 / theta)) overflow a float, or an empty string.
 std::string rope_theta_problem(double rope_theta);
 
-/// The first problem of RoPE of base `rope_theta` (rope_theta_problem) with
-/// `scaling` (a non-finite number, factor <= 0, yarn at theta 1, ...), or an
-/// empty string when there is none.
-std::string rope_scaling_problem(const rope_scaling& scaling, double rope_theta);
+/// The first problem of RoPE of base `rope_theta` (rope_theta_problem) over
+/// rotary_dim floats with `scaling` (a non-finite number, factor <= 0, yarn
+/// at theta 1, longrope factors not rotary_dim / 2, ...), or an empty string
+/// when there is none.
+std::string rope_scaling_problem(const rope_scaling& scaling, double rope_theta, std::size_t rotary_dim);
 
 }  // namespace kvhead::engine

@@ -313,7 +313,7 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
   }
   // The layer's own checks (factor > 0, llama3's frequency factors in order,
   // ...), here so that the message names this file and the field.
-  const std::string problem = engine::rope_scaling_problem(s, config.rope_theta);
+  const std::string problem = engine::rope_scaling_problem(s, config.rope_theta, config.rotary_dim);
   if (!problem.empty()) f.fail("field " + quote_name(field) + ": " + problem);
 }
 

@@ -226,21 +226,35 @@ KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_te
 ///           mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both
 ///           are non-zero, else mscale(factor, 1), where
 ///           mscale(s, m) = 1 for s <= 1, else 0.1 m ln(s) + 1.
+///   longrope  HF _compute_longrope_parameters (Phi-3, Phi-4-mini): with L =
+///           original_max_position_embeddings, inv_freq_i / short_factor[i]
+///           at positions below L and inv_freq_i / long_factor[i] from L on
+///           (HF: a sequence longer than L); cos and sin multiplied by
+///           attention_factor, which defaults to 1 for factor <= 1, else
+///           sqrt(1 + ln(factor) / ln(L)). HF picks the factors of a whole
+///           forward call by its largest position, so a prompt longer than L
+///           prefilled in one HF call rotates all its tokens with long_factor;
+///           kvhead picks them per token (HF's choice when the tokens come
+///           one call at a time), so that results keep not depending on how
+///           a prompt is cut into calls. Up to L tokens the two agree.
 /// Defaults are those of HF; every number must be finite, max(1, 1 /
 /// rope_theta) / factor at most FLT_MAX (every scaled frequency a float's:
-/// rope_theta below 1 / FLT_MAX is refused with or without scaling), llama3's
-/// frequency factors > 0, the original length > 0 for llama3 and yarn, and
-/// yarn's rope_theta not 1 (its range divides by ln theta).
+/// rope_theta below 1 / FLT_MAX is refused with or without scaling; for
+/// longrope the same over the smallest short or long factor), llama3's
+/// frequency factors > 0, the original length > 0 for llama3 and yarn and > 1
+/// for longrope, yarn's rope_theta not 1 (its range divides by ln theta), and
+/// longrope's short_factor and long_factor rotary_dim / 2 positive numbers.
 struct rope_scaling {
-  enum class kind { none, linear, llama3, yarn };
+  enum class kind { none, linear, llama3, yarn, longrope };
   kind type = kind::none;
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  double original_max_position_embeddings = 0.0;         // llama3, yarn
+  double original_max_position_embeddings = 0.0;         // llama3, yarn, longrope
   double beta_fast = 32.0, beta_slow = 1.0;              // yarn
-  std::optional<double> attention_factor;                // yarn; unset: from mscale
+  std::optional<double> attention_factor;                // yarn, longrope; unset: from mscale or factor
   double mscale = 0.0, mscale_all_dim = 0.0;             // yarn; 0: unset
   bool truncate = true;                                  // yarn
+  std::vector<double> short_factor, long_factor;         // longrope: [rotary_dim / 2] each
 };
 
 struct attention_config {
@@ -338,7 +352,7 @@ struct sequence_tokens {
 /// RoPE follows Hugging Face Llama: rotate_half (pairs (i, i + r/2) of the
 /// first r = rotary_dim floats of each head), inv_freq_i = theta^(-2i/r)
 /// scaled as rope_scaling says, angle = position * inv_freq_i, cos and sin
-/// computed in double (times the attention factor of yarn) and rounded to
+/// computed in double (times the attention factor of yarn and longrope) and rounded to
 /// float; positions are absolute, 0 for the first token of each sequence.
 /// The cos and sin of positions below 2^17 come from a table (rotary_dim *
 /// 4 bytes a position: up to 64 MiB at rotary_dim 128) shared by the layers

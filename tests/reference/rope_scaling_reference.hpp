@@ -1,5 +1,5 @@
 // RoPE with Hugging Face's scaling variants, in double, written from
-// transformers' modeling_rope_utils (default, linear, llama3, yarn) and
+// transformers' modeling_rope_utils (default, linear, llama3, yarn, longrope) and
 // apply_rotary_pos_emb with rotate_half on the first rotary_dim floats of a
 // head (Phi-3's partial rotary). Shares no code with the engine.
 #pragma once
@@ -11,7 +11,7 @@
 
 namespace kvhead::reference {
 
-enum class rope_kind { plain, linear, llama3, yarn };
+enum class rope_kind { plain, linear, llama3, yarn, longrope };
 
 struct rope_variant {
   rope_kind kind = rope_kind::plain;
@@ -23,10 +23,13 @@ struct rope_variant {
   double mscale = 0.0, mscale_all_dim = 0.0;  // 0: not given
   double attention_factor = 0.0;              // 0: not given
   bool truncate = true;
+  std::vector<double> short_factor, long_factor;  // longrope
 };
 
-/// HF's inverse frequencies [rotary_dim / 2]: 1 / theta^(2i / r), then scaled.
-inline std::vector<double> rope_inv_freq(const rope_variant& v) {
+/// HF's inverse frequencies [rotary_dim / 2]: 1 / theta^(2i / r), then
+/// scaled; longrope's for a sequence of seq_len tokens (HF's dynamic update:
+/// long_factor when seq_len > original_max_position_embeddings).
+inline std::vector<double> rope_inv_freq(const rope_variant& v, std::size_t seq_len = 0) {
   const double pi = 3.14159265358979323846;
   const std::size_t r = v.rotary_dim, half = r / 2;
   std::vector<double> base(half), out(half);
@@ -34,6 +37,11 @@ inline std::vector<double> rope_inv_freq(const rope_variant& v) {
   if (v.kind == rope_kind::plain) return base;
   if (v.kind == rope_kind::linear) {
     for (std::size_t i = 0; i < half; ++i) out[i] = base[i] / v.factor;
+    return out;
+  }
+  if (v.kind == rope_kind::longrope) {
+    const std::vector<double>& ext = double(seq_len) > v.original_length ? v.long_factor : v.short_factor;
+    for (std::size_t i = 0; i < half; ++i) out[i] = 1.0 / (ext[i] * std::pow(v.theta, double(2 * i) / double(r)));
     return out;
   }
   if (v.kind == rope_kind::llama3) {
@@ -73,8 +81,12 @@ inline std::vector<double> rope_inv_freq(const rope_variant& v) {
   return out;
 }
 
-/// The factor on cos and sin (yarn; 1 otherwise).
+/// The factor on cos and sin (yarn, longrope; 1 otherwise).
 inline double rope_attention_factor(const rope_variant& v) {
+  if (v.kind == rope_kind::longrope) {
+    if (v.attention_factor != 0.0) return v.attention_factor;
+    return v.factor <= 1 ? 1.0 : std::sqrt(1 + std::log(v.factor) / std::log(v.original_length));
+  }
   if (v.kind != rope_kind::yarn) return 1.0;
   if (v.attention_factor != 0.0) return v.attention_factor;
   auto mscale = [&](double m) { return v.factor <= 1 ? 1.0 : 0.1 * m * std::log(v.factor) + 1.0; };
@@ -85,7 +97,7 @@ inline double rope_attention_factor(const rope_variant& v) {
 /// One head at `position`: q * cos + rotate_half(q) * sin on x[0, r); the
 /// floats after them are not touched.
 inline void rope_double(double* x, const rope_variant& v, std::size_t position) {
-  const std::vector<double> inv_freq = rope_inv_freq(v);
+  const std::vector<double> inv_freq = rope_inv_freq(v, position + 1);
   const double af = rope_attention_factor(v);
   const std::size_t half = v.rotary_dim / 2;
   std::vector<double> rotated(v.rotary_dim);
