@@ -78,13 +78,22 @@ TEST_CASE("model_folders_match_their_goldens_on_every_simd_path_and_decode_match
       MESSAGE(name << " on " << std::string(to_string(path)) << ": max relative error " << error);
       CHECK(error <= 1e-4);  // NaN fails
       const std::string reference = read_bytes(run_output);
+      // The one exception to "the same bits however the prompt is cut":
+      // longrope picks its factors per call as HF does, so a prompt longer
+      // than original_max_position_embeddings (23 tokens over 16) decoded in
+      // calls that end before it rotates its first tokens with the short
+      // factors, where one call rotates them all with the long ones.
+      const bool cut_changes_factors = name == "phi3_longrope_long";
       for (const std::vector<std::string>& variant : {std::vector<std::string>{"--chunk", "1", "--threads", "2"},
                                                       {"--chunk", "5", "--threads", "1"},
                                                       {"--chunk", "1000", "--threads", "2"}}) {
         CAPTURE(variant[1]);
         const std::string decoded = dir.file("decode-" + variant[1] + ".npy");
         expect_clean(run_kvhead(with(with({"decode", "--output", decoded}, flags), variant), env));
-        CHECK(read_bytes(decoded) == reference);
+        if (cut_changes_factors && variant[1] != "1000")
+          CHECK(read_bytes(decoded) != reference);
+        else
+          CHECK(read_bytes(decoded) == reference);
       }
       const std::string threaded = dir.file("run-3.npy");
       expect_clean(run_kvhead(with({"run", "--output", threaded, "--threads", "3"}, flags), env));
@@ -204,7 +213,7 @@ TEST_CASE("model_folder_errors") {
     expect_model_failure(no_head_dim, "0", exit_failure, {"head_dim 9 is odd"});
   }
   SUBCASE("unsupported rope types") {
-    for (const char* type : {"dynamic", "longrope"}) {
+    for (const char* type : {"dynamic", "ntk"}) {
       CAPTURE(type);
       const std::string folder = copy_case(dir, "llama_linear", [&](nlohmann::json& c) {
         c["rope_scaling"] = {{"rope_type", type}, {"factor", 2.0}};
@@ -212,6 +221,12 @@ TEST_CASE("model_folder_errors") {
       expect_model_failure(folder, "0", exit_failure, {"rope_scaling.rope_type", type, "not implement"});
       fs::remove_all(folder);
     }
+  }
+  SUBCASE("longrope without its factors") {
+    const std::string folder = copy_case(dir, "llama_linear", [&](nlohmann::json& c) {
+      c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 2.0}};
+    });
+    expect_model_failure(folder, "0", exit_failure, {"rope_scaling.short_factor", "is missing"});
   }
   SUBCASE("an unknown key in rope_scaling") {
     const std::string folder =

@@ -103,6 +103,56 @@ TEST_CASE("decode: token by token and in chunks equals the full causal forward, 
   }
 }
 
+TEST_CASE("decode: longrope picks its factors per call as HF does, pinned ones give every cut the same bits") {
+  using pick = kvhead::rope_scaling::longrope_pick;
+  kvhead::attention_config c = gqa_rope;  // head_dim 16: 8 rotated pairs
+  c.rope_scaling.type = kvhead::rope_scaling::kind::longrope;
+  c.rope_scaling.original_max_position_embeddings = 20.0;
+  c.rope_scaling.factor = 4.0;
+  c.rope_scaling.short_factor = {1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 3.5};
+  c.rope_scaling.long_factor = {1.0, 1.5, 3.0, 6.0, 10.0, 16.0, 24.0, 40.0};
+  std::mt19937 generator(4);
+  constexpr std::size_t seq = 30, short_seq = 12;  // over and under the original length
+  const std::vector<float> x = random_values(seq * c.d_model, generator, 1.0f);
+  std::vector<std::vector<float>> one_call;  // per pick: the whole sequence in one cache-free call
+  for (const pick choice : {pick::per_call, pick::short_factors, pick::long_factors}) {
+    c.rope_scaling.longrope_factors = choice;
+    layer_fixture f(c);
+    const std::vector<float> expected = f.full(x, seq);
+    one_call.push_back(expected);
+    for (std::size_t chunk : {std::size_t{1}, std::size_t{7}, seq}) {
+      kvhead::kv_cache cache = make_cache(f.config, 16);
+      const kvhead::sequence_id id = cache.create();
+      std::vector<float> y(x.size());
+      for (std::size_t done = 0; done < seq; done += chunk) {
+        const std::size_t tokens = std::min(chunk, seq - done);
+        cache.append(id, tokens);
+        f.layer.forward(cache, 0, {{id, tokens}}, x.data() + done * c.d_model, y.data() + done * c.d_model);
+      }
+      INFO("pick " << int(choice) << " chunk " << chunk);
+      // Per call, calls that end within the original length rotate their
+      // tokens with the short factors, which one call over all 30 does not.
+      CHECK(same_bits(y.data(), expected.data(), y.size()) == (choice != pick::per_call || chunk == seq));
+    }
+    // A short sequence batched with the long one in one call: its own
+    // length decides its factors, as alone.
+    const std::vector<float> short_alone =
+        f.full(std::vector<float>(x.begin(), x.begin() + short_seq * c.d_model), short_seq);
+    kvhead::kv_cache cache = make_cache(f.config, 16);
+    const kvhead::sequence_id a = cache.create(), b = cache.create();
+    cache.append(a, short_seq);
+    cache.append(b, seq);
+    std::vector<float> both_x(x.begin(), x.begin() + short_seq * c.d_model), both_y((short_seq + seq) * c.d_model);
+    both_x.insert(both_x.end(), x.begin(), x.end());
+    f.layer.forward(cache, 0, {{a, short_seq}, {b, seq}}, both_x.data(), both_y.data());
+    CHECK(same_bits(both_y.data(), short_alone.data(), short_alone.size()));
+    CHECK(same_bits(both_y.data() + short_seq * c.d_model, expected.data(), expected.size()));
+  }
+  // Per call, one call over 30 tokens is long throughout: the bits of the pinned long factors.
+  CHECK(one_call[0] == one_call[2]);
+  CHECK(one_call[0] != one_call[1]);
+}
+
 TEST_CASE("decode: a ragged batch mixing a prefill chunk with single-token steps equals each sequence alone") {
   layer_fixture f({6, 3, 8, 24, {}, true, 500.0});
   std::mt19937 generator(2);

@@ -268,11 +268,80 @@ TEST_CASE("model config: HF's per-family defaults for absent shapes and windows"
   CHECK(spec_of(qwen, 1).config.sliding_window == 4096);
   qwen["sliding_window"] = nullptr;  // null: no window anywhere
   CHECK(spec_of(qwen, 1).config.sliding_window == 0);
-  // Phi-3 takes no rope type but default (HF reads su and yarn as longrope, refuses the others).
+  // Phi-3 takes no rope type but default and longrope (HF reads su and yarn as longrope, refuses the others).
   json phi3 = llama();
   phi3["model_type"] = "phi3";
-  phi3["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 512}};
+  phi3["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
   CHECK(error_of(phi3).find("Phi-3 in HF takes default or longrope") != std::string::npos);
+  phi3["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}, {"original_max_position_embeddings", 512}};
+  CHECK(error_of(phi3).find("'rope_scaling.short_factor' is missing (needed by rope type 'longrope')") !=
+        std::string::npos);
+}
+
+TEST_CASE("model config: longrope (Phi-3, Phi-4-mini) as HF reads it") {
+  using kvhead::rope_scaling;
+  const std::vector<double> short_factor = {1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 3.5},
+                            long_factor = {1.0, 1.5, 3.0, 8.0, 16.0, 24.0, 40.0, 60.0};
+  json phi3 = llama();  // hidden 64, 4 heads: head_dim 16, 8 rotated pairs
+  phi3["model_type"] = "phi3";
+  phi3["max_position_embeddings"] = 131072;
+  phi3["original_max_position_embeddings"] = 4096;
+  phi3["rope_scaling"] = {{"type", "su"}, {"short_factor", short_factor}, {"long_factor", long_factor}};
+  const rope_scaling s = spec_of(phi3).config.rope_scaling;
+  CHECK(s.type == rope_scaling::kind::longrope);
+  CHECK(s.short_factor == short_factor);
+  CHECK(s.long_factor == long_factor);
+  CHECK(s.original_max_position_embeddings == 4096.0);
+  CHECK(s.factor == 32.0);  // max_position_embeddings / original: HF's, for the attention factor
+  CHECK(!s.attention_factor);
+  CHECK(s.longrope_factors == rope_scaling::longrope_pick::per_call);
+  phi3["rope_scaling"]["type"] = "longrope";
+  phi3["rope_scaling"]["attention_factor"] = 1.25;
+  CHECK(*spec_of(phi3).config.rope_scaling.attention_factor == 1.25);
+  // Phi3Config's defaults: both lengths 4096, so a factor of 1.
+  json defaults = phi3;
+  defaults.erase("max_position_embeddings");
+  defaults.erase("original_max_position_embeddings");
+  CHECK(spec_of(defaults).config.rope_scaling.original_max_position_embeddings == 4096.0);
+  CHECK(spec_of(defaults).config.rope_scaling.factor == 1.0);
+  // Partial rotary (Phi-4-mini): one factor per rotated pair.
+  json partial = phi3;
+  partial["partial_rotary_factor"] = 0.75;  // rotary_dim 12: 6 pairs
+  CHECK(error_of(partial).find("short_factor must hold rotary_dim / 2 = 6 numbers, got 8") != std::string::npos);
+  partial["rope_scaling"]["short_factor"] = std::vector<double>(6, 1.0);
+  partial["rope_scaling"]["long_factor"] = std::vector<double>(6, 4.0);
+  CHECK(spec_of(partial).config.rotary_dim == 12);
+  // Other families: rope_type longrope, L from rope_scaling or max_position_embeddings.
+  json llama_long = llama();  // max_position_embeddings 1024
+  llama_long["rope_scaling"] = {
+      {"rope_type", "longrope"}, {"short_factor", short_factor}, {"long_factor", long_factor}};
+  CHECK(spec_of(llama_long).config.rope_scaling.original_max_position_embeddings == 1024.0);
+  CHECK(spec_of(llama_long).config.rope_scaling.factor == 1.0);
+  llama_long["rope_scaling"]["original_max_position_embeddings"] = 256;
+  CHECK(spec_of(llama_long).config.rope_scaling.factor == 4.0);
+  llama_long["rope_scaling"]["factor"] = 3.0;  // no top-level L: 4.x and 5 both read the factor
+  CHECK(spec_of(llama_long).config.rope_scaling.factor == 3.0);
+  // Where transformers 4.x and 5 would read different numbers, or none makes sense.
+  json both = phi3;
+  both["rope_scaling"]["original_max_position_embeddings"] = 2048;
+  CHECK(error_of(both).find("disagree: transformers 4.x reads the second, 5 the first") != std::string::npos);
+  json factor = phi3;
+  factor["rope_scaling"]["factor"] = 16.0;
+  CHECK(error_of(factor).find("'rope_scaling.factor' (16) is not max_position_embeddings") != std::string::npos);
+  json bad = phi3;
+  bad["rope_scaling"]["long_factor"] = 4.0;
+  CHECK(error_of(bad).find("'rope_scaling.long_factor' must be a list of numbers") != std::string::npos);
+  bad["rope_scaling"]["long_factor"] = {1.0, "2", 3.0, 4.0, 5.0, 6.0, 7.0, 8.0};
+  CHECK(error_of(bad).find("must be a list of finite numbers, got '2'") != std::string::npos);
+  bad["rope_scaling"]["long_factor"] = std::vector<double>(8, -1.0);
+  CHECK(error_of(bad).find("long_factor must be positive and finite, got -1") != std::string::npos);
+  bad["rope_scaling"] = {
+      {"type", "longrope"}, {"short_factor", short_factor}, {"long_factor", long_factor}, {"low_freq_factor", 1.0}};
+  CHECK(error_of(bad).find("'rope_scaling.low_freq_factor' is not understood for rope type 'longrope'") !=
+        std::string::npos);
+  bad = phi3;
+  bad["original_max_position_embeddings"] = 1;  // the attention factor divides by ln 1
+  CHECK(error_of(bad).find("original_max_position_embeddings must be above 1, got 1") != std::string::npos);
 }
 
 TEST_CASE("model config: gpt_oss defaults (HF GptOssConfig): yarn RoPE, theta 150000, all four biases, sinks") {

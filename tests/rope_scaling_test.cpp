@@ -107,7 +107,7 @@ TEST_CASE("rope scaling: inverse frequencies and attention factor equal HF's for
           }
           CHECK(std::fabs(got.attention_factor - kvhead::reference::rope_attention_factor(v)) <= 1e-15 * 4);
         }
-        CHECK(kvhead::engine::long_factors_from(s) == (kind == rope_kind::longrope ? original : SIZE_MAX));
+        CHECK(kvhead::engine::longrope_long_length(s) == (kind == rope_kind::longrope ? original + 1 : SIZE_MAX));
       }
 }
 
@@ -157,6 +157,48 @@ TEST_CASE("rope scaling: rows rotated by the engine agree with the double refere
           }
         CHECK(rows[row_stride - 1] == before[row_stride - 1]);  // the float after the heads
       }
+}
+
+TEST_CASE("rope scaling: longrope takes each row's factors from its sequence's length, or always the pinned ones") {
+  std::mt19937 generator(13);
+  using pick = rope_scaling::longrope_pick;
+  constexpr std::size_t head_dim = 24, rotary_dim = 16;
+  for (int trial = 0; trial < 4; ++trial) {
+    auto [v, s] = random_variant(rope_kind::longrope, rotary_dim, generator);
+    const std::size_t original = std::size_t(v.original_length);
+    // Rows of three sequences in one call: one that ends at the original
+    // length (short throughout), one a token longer (long throughout, its
+    // first tokens too), one far longer; each row at a position of its own.
+    const std::vector<std::size_t> positions = {0, 3, original - 1, 0, original - 1, original, 5, original + 40};
+    const std::vector<std::size_t> lengths = {original,     original,     original,      original + 1,
+                                              original + 1, original + 1, original + 41, original + 41};
+    for (const pick choice : {pick::per_call, pick::short_factors, pick::long_factors}) {
+      s.longrope_factors = choice;
+      INFO("trial " << trial << " choice " << int(choice) << " original " << original);
+      const kvhead::engine::rope rope(head_dim, rotary_dim, v.theta, s);
+      std::vector<float> rows = kvhead::testing::random_values(positions.size() * head_dim, generator, 1.0f);
+      const std::vector<float> before = rows;
+      rope.apply(rows.data(), positions.size(), head_dim, 1, positions.data(), lengths.data());
+      for (std::size_t row = 0; row < positions.size(); ++row) {
+        std::vector<double> expected(before.begin() + std::ptrdiff_t(row * head_dim),
+                                     before.begin() + std::ptrdiff_t((row + 1) * head_dim));
+        const std::size_t seq_len = choice == pick::per_call       ? lengths[row]
+                                    : choice == pick::long_factors ? original + 1
+                                                                   : original;
+        kvhead::reference::rope_double(expected.data(), v, positions[row], seq_len);
+        const double af = kvhead::reference::rope_attention_factor(v);
+        for (std::size_t e = 0; e < head_dim; ++e) {
+          const std::size_t half = rotary_dim / 2;
+          const double a = before[row * head_dim + e],
+                       b = e < rotary_dim ? before[row * head_dim + (e < half ? e + half : e - half)] : 0.0;
+          // As the test above: cos and sin rounded, two products and a sum.
+          const double tolerance =
+              3.0 * std::numeric_limits<float>::epsilon() * af * (std::fabs(a) + std::fabs(b)) + 1e-9;
+          CHECK(std::fabs(double(rows[row * head_dim + e]) - expected[e]) <= tolerance);
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("rope scaling: kind none with rotary_dim = head_dim is the plain RoPE, bit for bit") {

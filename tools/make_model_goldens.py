@@ -19,8 +19,10 @@ The expected output is computed in float64 from the weights as stored, with
 the formulas of the Hugging Face `transformers` code of each family (written
 here from them, since transformers is not installable): modeling_rope_utils
 (_compute_default_rope_parameters, _compute_linear_scaling_rope_parameters,
-_compute_llama3_parameters, _compute_yarn_parameters: inv_freq and the
-attention factor that multiplies cos and sin), apply_rotary_pos_emb with
+_compute_llama3_parameters, _compute_yarn_parameters,
+_compute_longrope_parameters with the dynamic update's seq_len = the call's
+largest position + 1: inv_freq and the attention factor that multiplies cos
+and sin), apply_rotary_pos_emb with
 rotate_half (Phi-3: on the first rotary_dim dims, the rest passed through),
 Qwen3's RMSNorm of q and k over head_dim before RoPE, eager_attention_forward
 (scores * scaling, Gemma 2's soft-capping: scores / cap, tanh, * cap, then
@@ -59,6 +61,10 @@ Cases:
                                                                                        window 5, seq 17; sinks, biases
   gemma2_softcap_sliding gemma2 F32    4  2  16  48      default                       layer 0 slides, window 4;
                                                                                        softcapping 1.5, input x 3
+  phi3_longrope     phi3        F32    4  2  16  64      longrope orig16 max64, partial 0.75; seq 13: short factors
+  phi3_longrope_long phi3       BF16   4  2  16  64      longrope "su" orig16 max64, partial 0.75; seq 23 > 16: long
+                                                                                       factors for every token (HF
+                                                                                       picks them per forward call)
 
 The cases mistral_window, qwen2_window and gemma2_sliding take their seed from
 their index like the first eight; the later cases carry their own seed
@@ -180,6 +186,18 @@ CASES = [
                           attn_logit_softcapping=1.5, final_logit_softcapping=30.0, sliding_window=4,
                           attention_bias=False, torch_dtype="float32"),
               layer=0, input_shape=(2, 13, 48), seed=BASE_SEED + 1004, input_scale=3.0),
+    ModelCase("phi3_longrope",
+              base_config("phi3", 64, 4, 2, 2, rope_theta=10000.0, partial_rotary_factor=0.75, sliding_window=None,
+                          max_position_embeddings=64, original_max_position_embeddings=16, torch_dtype="float32",
+                          rope_scaling={"type": "longrope", "short_factor": [1.0, 1.05, 1.2, 1.6, 2.3, 3.1],
+                                        "long_factor": [1.0, 1.4, 2.5, 5.0, 11.0, 24.0]}),
+              layer=1, input_shape=(2, 13, 64), seed=BASE_SEED + 1005),
+    ModelCase("phi3_longrope_long",
+              base_config("phi3", 64, 4, 2, 2, rope_theta=10000.0, partial_rotary_factor=0.75, sliding_window=None,
+                          max_position_embeddings=64, original_max_position_embeddings=16, torch_dtype="bfloat16",
+                          rope_scaling={"type": "su", "short_factor": [1.0, 1.05, 1.2, 1.6, 2.3, 3.1],
+                                        "long_factor": [1.0, 1.4, 2.5, 5.0, 11.0, 24.0]}),
+              layer=0, input_shape=(2, 23, 64), dtype="BF16", seed=BASE_SEED + 1006),
 ]
 
 
@@ -209,8 +227,9 @@ def kv_heads_of(config):
     return config.get("num_key_value_heads") or config["num_attention_heads"]
 
 
-def rope_parameters(config):
-    """(inv_freq [rotary_dim/2], attention_factor, rotary_dim) as modeling_rope_utils computes them."""
+def rope_parameters(config, seq_len=None):
+    """(inv_freq [rotary_dim/2], attention_factor, rotary_dim) as modeling_rope_utils computes them (longrope: for a
+    forward call whose largest position is seq_len - 1)."""
     base = config.get("rope_theta", 10000.0)
     dim = int(head_dim_of(config) * config.get("partial_rotary_factor", 1.0))
     scaling = config.get("rope_scaling") or {}
@@ -261,6 +280,20 @@ def rope_parameters(config):
         extrapolation = 1 - ramp
         pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
         inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    elif kind in ("longrope", "su"):  # Phi3Config reads su (and yarn) as longrope
+        original = scaling.get("original_max_position_embeddings") or config.get("original_max_position_embeddings")
+        max_positions = config.get("max_position_embeddings", 4096)
+        if original is None and config["model_type"] == "phi3":
+            original = 4096  # Phi3Config's default
+        # 4.x: max / original whenever the config has the top-level field (Phi-3 always does); 5: the factor if given.
+        factor = scaling.get("factor") or max_positions / (original or max_positions)
+        original = original or max_positions
+        attention_factor = scaling.get("attention_factor")
+        if attention_factor is None:
+            attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        ext = scaling["long_factor"] if seq_len and seq_len > original else scaling["short_factor"]
+        ext = torch.tensor(ext, dtype=torch.float64)
+        inv_freq = 1.0 / (ext * base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     elif kind != "default":
         raise ValueError(kind)
     return inv_freq, attention_factor, dim
@@ -273,8 +306,8 @@ def rotate_half(x):
 
 def apply_rope(x, config):
     """x [batch, seq, heads, d], positions 0..seq-1; partial rotary as Phi-3."""
-    inv_freq, attention_factor, rotary_dim = rope_parameters(config)
     seq = x.shape[1]
+    inv_freq, attention_factor, rotary_dim = rope_parameters(config, seq)
     angles = torch.arange(seq, dtype=torch.float64)[:, None] * inv_freq[None, :]
     emb = torch.cat((angles, angles), dim=-1)
     cos = (emb.cos() * attention_factor)[None, :, None, :]
@@ -357,7 +390,7 @@ def reference_attention(x, w, config, layer, use_variants=True):
 
 def apply_rope_per_pair(x, config):
     """Independent check of apply_rope: explicit rotation of pairs (i, i + r/2)."""
-    inv_freq, attention_factor, r = rope_parameters(config)
+    inv_freq, attention_factor, r = rope_parameters(config, x.shape[1])
     out = x.clone()
     for pos in range(x.shape[1]):
         for i in range(r // 2):
@@ -482,6 +515,10 @@ def generate(case, index):
     variant_effect = ((plain - y).abs().max() / y.abs().max()).item()
     if case.name in ("gemma2_softcap", "gpt_oss_sinks", "gpt_oss_sliding", "gemma2_softcap_sliding"):
         assert variant_effect > 1e-2, variant_effect
+    if case.name == "phi3_longrope_long":  # the long factors, not the short ones, made it
+        short = dict(case.config, rope_scaling=dict(case.config["rope_scaling"],
+                                                    long_factor=case.config["rope_scaling"]["short_factor"]))
+        assert (reference_attention(x, tensors, short, case.layer) - y).abs().max() > 1e-2 * y.abs().max()
     _, attention_factor, rotary_dim = rope_parameters(case.config)
     return (f"{case.name:18s} {case.config['model_type']:8s} {case.dtype:4s} layer {case.layer} "
             f"rotary_dim {rotary_dim} attention_factor {attention_factor:.4f} "

@@ -376,10 +376,11 @@ std::size_t attention_layer::impl::qkv_width() const {
   return (config.num_heads + 2 * config.num_kv_heads) * config.head_dim;
 }
 
-void attention_layer::impl::project(const float* x, std::size_t rows, const std::size_t* positions, float* qkv) const {
+void attention_layer::impl::project(const float* x, std::size_t rows, const std::size_t* positions,
+                                    const std::size_t* lengths, float* qkv) const {
   qkv_proj.apply(x, rows, qkv);
   if (norm) norm->apply(qkv, rows, qkv_width(), config.num_heads, config.num_kv_heads);
-  rotary.apply(qkv, rows, qkv_width(), config.num_heads + config.num_kv_heads, positions);
+  rotary.apply(qkv, rows, qkv_width(), config.num_heads + config.num_kv_heads, positions, lengths);
   if (config.precision == precision::bf16) engine::round_floats_to_bf16(qkv, qkv, rows * qkv_width());
 }
 
@@ -396,9 +397,10 @@ const attention_config& attention_layer::config() const { return impl::of(impl_,
 
 namespace {
 
-// The cache-free forward's row positions, reused across calls on a thread.
+// The cache-free forward's row positions and their sequences' lengths
+// (rope::apply), reused across calls on a thread.
 struct forward_workspace {
-  std::vector<std::size_t> positions;
+  std::vector<std::size_t> positions, lengths;
 };
 
 }  // namespace
@@ -427,6 +429,7 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
   const engine::reusable<forward_workspace> work;
   work->positions.resize(rows);
   for (std::size_t row = 0; row < rows; ++row) work->positions[row] = row % seq;
+  work->lengths.assign(rows, seq);
   auto view = [&](std::size_t first_head) {
     return head_tensor<const float>{qkv.data() + first_head * head_dim, seq * width, head_dim, width};
   };
@@ -447,7 +450,7 @@ void attention_layer::forward(const float* x, std::size_t batch, std::size_t seq
                                           true};  // project() rounds q, k and v in bf16 precision
   engine::run_in_arena([&] {
     // 1-2. Projections, and RoPE at positions 0..seq-1 of each sequence.
-    impl_->project(x, rows, work->positions.data(), qkv.data());
+    impl_->project(x, rows, work->positions.data(), work->lengths.data(), qkv.data());
     // 3. Attention.
     engine::flash_attention(problem);
     // 4. Output projection.

@@ -71,10 +71,12 @@ struct attention_layer::impl {
   /// qkv [rows, (H + 2G) d] from x [rows, d_model]: per row the H query
   /// heads, then the G key heads, then the G value heads, d floats each; then
   /// QK-norm (when configured) and RoPE on the query and key heads, row r at
-  /// absolute position positions[r]. Precision bf16: then every value of
-  /// qkv rounded to bf16 (the inputs of q kᵀ and p v, and what a KV cache
+  /// absolute position positions[r] of a sequence lengths[r] long at the end
+  /// of the call (rope::apply). Precision bf16: then every value of qkv
+  /// rounded to bf16 (the inputs of q kᵀ and p v, and what a KV cache
   /// stores).
-  void project(const float* x, std::size_t rows, const std::size_t* positions, float* qkv) const;
+  void project(const float* x, std::size_t rows, const std::size_t* positions, const std::size_t* lengths,
+               float* qkv) const;
 
   /// `layer`'s impl; std::logic_error naming `where` when the layer was moved
   /// from (its impl is gone: using it is a caller bug, not a crash).

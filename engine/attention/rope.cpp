@@ -138,21 +138,30 @@ rope::rope(std::size_t head_dim, double theta) : rope(head_dim, head_dim, theta,
 rope::rope(std::size_t head_dim, std::size_t rotary_dim, double theta, const rope_scaling& scaling)
     : head_dim_(head_dim),
       rotary_dim_(rotary_dim),
-      table_(theta == 0.0 ? nullptr : shared_table(scaled_rope_frequencies(theta, rotary_dim, scaling))),
-      long_table_(theta == 0.0 || scaling.type != rope_scaling::kind::longrope
+      table_(theta == 0.0 ? nullptr
+                          : shared_table(scaled_rope_frequencies(
+                                theta, rotary_dim, scaling,
+                                scaling.longrope_factors == rope_scaling::longrope_pick::long_factors))),
+      long_table_(theta == 0.0 || scaling.type != rope_scaling::kind::longrope ||
+                          scaling.longrope_factors != rope_scaling::longrope_pick::per_call
                       ? nullptr
                       : shared_table(scaled_rope_frequencies(theta, rotary_dim, scaling, true))),
-      long_from_(long_table_ != nullptr ? long_factors_from(scaling) : SIZE_MAX) {}
+      long_length_(long_table_ != nullptr ? longrope_long_length(scaling) : SIZE_MAX) {}
 
-void rope::apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t heads,
-                 const std::size_t* positions) const {
+void rope::apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t heads, const std::size_t* positions,
+                 const std::size_t* lengths) const {
   if (table_ == nullptr || rows == 0) return;
-  // Positions each table must hold: its rows' within table_limit (the long
-  // table's rows are those from long_from_ on).
+  // Whether a row takes the long table: its sequence at long_length_ tokens
+  // or more (a position of SIZE_MAX is a length past every size).
+  auto long_row = [&](std::size_t row) {
+    return long_table_ != nullptr &&
+           (lengths != nullptr ? lengths[row] : std::max(positions[row], positions[row] + 1)) >= long_length_;
+  };
+  // Positions each table must hold: its rows' within table_limit.
   std::size_t covered = 0, long_covered = 0;
   for (std::size_t row = 0; row < rows; ++row)
     if (positions[row] < table_limit) {
-      std::size_t& needed = positions[row] < long_from_ ? covered : long_covered;
+      std::size_t& needed = long_row(row) ? long_covered : covered;
       needed = std::max(needed, positions[row] + 1);
     }
   const std::shared_ptr<const rope_table> table = covered > 0 ? table_->covering(covered) : nullptr;
@@ -171,7 +180,7 @@ void rope::apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t
   };
   auto rotate = [&](std::size_t row_begin, std::size_t row_end) {
     for (std::size_t row = row_begin; row < row_end; ++row) {
-      const bool long_factors = long_table_ != nullptr && positions[row] >= long_from_;
+      const bool long_factors = long_row(row);
       const rope_table* const row_table = long_factors ? long_table.get() : table.get();
       if (row_table != nullptr && positions[row] < row_table->positions) {
         const float* cos = row_table->cos_sin.data() + positions[row] * rotary_dim_;

@@ -5,7 +5,8 @@
 //   x'[i + r/2] = x[i + r/2] * cos + x[i] * sin
 // and x[r, head_dim) unchanged. inv_freq_i = theta^(-2i/r), scaled per
 // rope_scaling (engine/attention/rope_scaling.hpp; longrope: one set of
-// frequencies before long_factors_from, another from it on). cos and sin are
+// frequencies for the rows of short sequences, another for those of long
+// ones, as rope_scaling::longrope_factors says). cos and sin are
 // computed in double (times the attention factor of yarn and longrope, 1
 // otherwise: an exact no-op) and
 // rounded to float; the rotation is then done in float (products rounded,
@@ -41,18 +42,23 @@ class rope {
 
   /// Rotates, in each of `rows` rows, `heads` consecutive heads of head_dim
   /// floats: row r starts at x + r * row_stride and is at absolute position
-  /// positions[r]. Runs in parallel over rows on the caller's task arena
-  /// when there are enough of them.
-  void apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t heads, const std::size_t* positions) const;
+  /// positions[r]. longrope per call: lengths[r] is the length of row r's
+  /// sequence at the end of the call (null: positions[r] + 1, as when
+  /// tokens come one call at a time); the other kinds ignore `lengths`.
+  /// Runs in parallel over rows on the caller's task arena when there are
+  /// enough of them.
+  void apply(float* x, std::size_t rows, std::size_t row_stride, std::size_t heads, const std::size_t* positions,
+             const std::size_t* lengths = nullptr) const;
 
  private:
   std::size_t head_dim_;
   std::size_t rotary_dim_;
   std::shared_ptr<rope_table_source> table_;  // null: no rotation; shared through the process-wide registry
-  // longrope: the table of positions from long_from_ on (long_factor); else
-  // null (and long_from_ SIZE_MAX: every position short of it).
+  // longrope per call: the table of the rows of sequences of long_length_
+  // tokens and more (long_factor; table_ short_factor's); else null (and
+  // long_length_ SIZE_MAX).
   std::shared_ptr<rope_table_source> long_table_;
-  std::size_t long_from_;
+  std::size_t long_length_;
 };
 
 }  // namespace kvhead::engine

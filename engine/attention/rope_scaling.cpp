@@ -87,6 +87,11 @@ std::string longrope_problem(const rope_scaling& s, double rope_theta, std::size
            real_text(s.original_max_position_embeddings);
   if (s.attention_factor && !(std::isfinite(*s.attention_factor) && *s.attention_factor > 0.0))
     return "longrope rope_scaling attention_factor must be positive and finite";
+  using pick = rope_scaling::longrope_pick;
+  if (s.longrope_factors != pick::per_call && s.longrope_factors != pick::short_factors &&
+      s.longrope_factors != pick::long_factors)
+    return "longrope rope_scaling longrope_factors must be per_call, short_factors or long_factors, got " +
+           std::to_string(int(s.longrope_factors));
   for (const auto& [name, factors] : {std::pair{"short_factor", &s.short_factor}, {"long_factor", &s.long_factor}}) {
     if (factors->size() != rotary_dim / 2)
       return std::string("longrope rope_scaling ") + name +
@@ -133,9 +138,9 @@ rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, c
   return result;
 }
 
-std::size_t long_factors_from(const rope_scaling& scaling) {
-  // seq_len = position + 1 > L: position > L - 1, the first such integer floor(L).
-  const double first = std::floor(scaling.original_max_position_embeddings);
+std::size_t longrope_long_length(const rope_scaling& scaling) {
+  // The first integer above L.
+  const double first = std::floor(scaling.original_max_position_embeddings) + 1.0;
   if (scaling.type != rope_scaling::kind::longrope || !(first < 0x1p63)) return SIZE_MAX;
   return std::size_t(first);
 }

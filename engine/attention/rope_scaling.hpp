@@ -18,17 +18,16 @@ struct rope_frequencies {
 
 /// The frequencies of RoPE with base theta (> 0) over rotary_dim (even, > 0)
 /// floats; `scaling` must have passed rope_scaling_problem. For kind none,
-/// inv_freq_i = pow(theta, -2i / rotary_dim) exactly. longrope: those of the
-/// positions before long_factors_from (short_factor), or with `long_factors`
-/// those from it on (long_factor); the other kinds ignore `long_factors`.
+/// inv_freq_i = pow(theta, -2i / rotary_dim) exactly. longrope: those of
+/// short_factor, or with `long_factors` those of long_factor; the other
+/// kinds ignore `long_factors`.
 rope_frequencies scaled_rope_frequencies(double theta, std::size_t rotary_dim, const rope_scaling& scaling,
                                          bool long_factors = false);
 
-/// longrope: the first position rotated with long_factor, the one at which a
-/// sequence grows longer than original_max_position_embeddings (HF's test,
-/// seq_len > original, for a token at position seq_len - 1); SIZE_MAX for
-/// the other kinds (and for a length past every position).
-std::size_t long_factors_from(const rope_scaling& scaling);
+/// longrope: the fewest tokens of a sequence that take long_factor, those
+/// longer than original_max_position_embeddings (HF's seq_len > original);
+/// SIZE_MAX for the other kinds (and for a length past every size).
+std::size_t longrope_long_length(const rope_scaling& scaling);
 
 /// The problem of a positive `rope_theta` whose frequencies (up to
 /// max(1, 1 / theta)) overflow a float, or an empty string.

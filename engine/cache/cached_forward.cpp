@@ -185,7 +185,7 @@ token_writer writer_for(kv_dtype dtype) {
 struct forward_workspace {
   std::vector<sequence_id> ids;
   std::vector<cached_rows> entries;
-  std::vector<std::size_t> positions;
+  std::vector<std::size_t> positions, lengths;  // per row: its position, its sequence's length after the call
 };
 
 struct attention_workspace {
@@ -354,13 +354,17 @@ void attention_layer::forward(kv_cache& cache, std::size_t layer, const std::vec
   const float* const k = qkv.data() + heads * head_dim;
   const float* const v = qkv.data() + (heads + kv_heads) * head_dim;
   work->positions.resize(rows);
+  work->lengths.resize(rows);
   for (const cached_rows& e : entries)
-    for (std::size_t i = 0; i < e.length - e.past; ++i) work->positions[e.row0 + i] = e.past + i;
+    for (std::size_t i = 0; i < e.length - e.past; ++i) {
+      work->positions[e.row0 + i] = e.past + i;
+      work->lengths[e.row0 + i] = e.length;
+    }
   run_in_arena([&] {
     // 1-2. Projections and RoPE at each row's absolute position (bf16
     // precision: q, k and v then rounded to bf16, so a cache of any dtype
     // stores rounded values).
-    impl_->project(x, rows, work->positions.data(), qkv.data());
+    impl_->project(x, rows, work->positions.data(), work->lengths.data(), qkv.data());
     // 3. The new K and V into their blocks (each exclusively owned after
     // append, so sequences never race); 4. attention over each whole past.
     write_cached_kv(cache, layer, entries, k, v, width, path);

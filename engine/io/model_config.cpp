@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "engine/arch/checked_size.hpp"
@@ -177,6 +179,59 @@ std::size_t sliding_window(const config_fields& f, const std::string& type, std:
 }
 
 // 5. RoPE: theta, scaling and rotary_dim into `config`.
+// longrope (HF _compute_longrope_parameters): the short and long factors;
+// the original length L from rope_scaling (transformers 5), else the
+// top-level field (4.x), else Phi-3's default 4096 or
+// max_position_embeddings; the factor given, else max_position_embeddings /
+// L (Phi-3's default max 4096). Where 4.x (which takes that ratio whenever
+// the top-level L exists, and Phi-3 always has one) and 5 (the factor when
+// given) would read different factors or lengths, the config is refused.
+void read_longrope(const config_fields& f, const std::string& type, const json& r,
+                   const std::function<std::string(const std::string&)>& label, rope_scaling& s) {
+  for (const auto& [key, factors] : {std::pair{"short_factor", &s.short_factor}, {"long_factor", &s.long_factor}}) {
+    const json* value = f.find(r, key);
+    if (value == nullptr) f.fail("field " + quote_name(label(key)) + " is missing (needed by rope type 'longrope')");
+    if (!value->is_array()) f.fail("field " + quote_name(label(key)) + " must be a list of numbers");
+    factors->clear();
+    for (const json& factor : *value) {
+      if (!factor.is_number() || !std::isfinite(factor.get<double>()))
+        f.fail("field " + quote_name(label(key)) + " must be a list of finite numbers, got " + json_value_text(factor));
+      factors->push_back(factor.get<double>());
+    }
+  }
+  const bool phi3 = type == "phi3";
+  const std::optional<double> nested =
+      f.real_in(r, "original_max_position_embeddings", label("original_max_position_embeddings"));
+  f.refuse_null("original_max_position_embeddings");
+  const std::optional<double> top_level = f.real("original_max_position_embeddings");
+  if (nested && top_level && *nested != *top_level)
+    f.fail("fields " + quote_name(label("original_max_position_embeddings")) + " (" + real_text(*nested) +
+           ") and 'original_max_position_embeddings' (" + real_text(*top_level) +
+           ") disagree: transformers 4.x reads the second, 5 the first");
+  f.refuse_null("max_position_embeddings");
+  const std::optional<std::size_t> given_max = f.count("max_position_embeddings");
+  const std::optional<double> max_positions = given_max ? std::optional<double>(double(*given_max))
+                                              : phi3    ? std::optional<double>(4096.0)
+                                                        : std::nullopt;
+  const std::optional<double> original = nested      ? nested
+                                         : top_level ? top_level
+                                         : phi3      ? std::optional<double>(4096.0)
+                                                     : max_positions;
+  if (!original) f.fail("longrope needs field 'original_max_position_embeddings' or 'max_position_embeddings'");
+  s.original_max_position_embeddings = *original;
+  if (!(*original > 0.0)) f.fail("field 'original_max_position_embeddings' must be positive");
+  const std::optional<double> factor = f.real_in(r, "factor", label("factor"));
+  const bool ratio_read = phi3 || top_level;  // 4.x takes max / L then
+  if (factor && ratio_read && max_positions && *factor != *max_positions / *original)
+    f.fail("field " + quote_name(label("factor")) + " (" + real_text(*factor) + ") is not max_position_embeddings / " +
+           "original_max_position_embeddings (" + real_text(*max_positions / *original) +
+           "): transformers 4.x reads the second, 5 the first");
+  if (!factor && !max_positions)
+    f.fail("longrope needs field " + quote_name(label("factor")) + " or 'max_position_embeddings'");
+  s.factor = factor ? *factor : *max_positions / *original;
+  s.attention_factor = f.real_in(r, "attention_factor", label("attention_factor"));
+}
+
 void read_rope(const config_fields& f, const std::string& type, attention_config& config) {
   const json* parameters = f.find(f.object(), "rope_parameters");
   const json* scaling = f.find(f.object(), "rope_scaling");
@@ -249,10 +304,10 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
     kind = value->get<std::string>();
   }
   // HF's Phi-3 takes default or longrope alone (it reads su and yarn as longrope).
-  if (type == "phi3" && kind != "default")
+  if (type == "phi3" && (kind == "su" || kind == "yarn")) kind = "longrope";
+  if (type == "phi3" && kind != "default" && kind != "longrope")
     f.fail("field " + quote_name(label("rope_type")) + " is " + quote_name(kind) +
-           ": Phi-3 in HF takes default or longrope (su and yarn meaning longrope), and kvhead does not implement "
-           "longrope");
+           ": Phi-3 in HF takes default or longrope (su and yarn meaning longrope)");
   rope_scaling& s = config.rope_scaling;
   std::set<std::string> allowed = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
   if (kind == "default") {
@@ -267,9 +322,12 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
     s.type = rope_scaling::kind::yarn;
     allowed.insert({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
                     "attention_factor", "truncate"});
+  } else if (kind == "longrope") {
+    s.type = rope_scaling::kind::longrope;
+    allowed.insert({"short_factor", "long_factor", "factor", "attention_factor", "original_max_position_embeddings"});
   } else {
     f.fail("field " + quote_name(label("rope_type")) + " is " + quote_name(kind) +
-           ", which kvhead does not implement (it implements default, linear, llama3, yarn)");
+           ", which kvhead does not implement (it implements default, linear, llama3, yarn, longrope)");
   }
   for (const auto& [key, value] : r.items())
     if (!allowed.contains(key))
@@ -311,8 +369,10 @@ void read_rope(const config_fields& f, const std::string& type, attention_config
     // HF: `get("truncate", True)`, then `if truncate:`: null does not truncate.
     s.truncate = !config_fields::is_null(r, "truncate") && f.flag_in(r, "truncate", label("truncate")).value_or(true);
   }
+  if (s.type == rope_scaling::kind::longrope) read_longrope(f, type, r, label, s);
   // The layer's own checks (factor > 0, llama3's frequency factors in order,
-  // ...), here so that the message names this file and the field.
+  // longrope's factors one per rotated pair, ...), here so that the message
+  // names this file and the field.
   const std::string problem = engine::rope_scaling_problem(s, config.rope_theta, config.rotary_dim);
   if (!problem.empty()) f.fail("field " + quote_name(field) + ": " + problem);
 }

@@ -228,15 +228,20 @@ KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_te
 ///           mscale(s, m) = 1 for s <= 1, else 0.1 m ln(s) + 1.
 ///   longrope  HF _compute_longrope_parameters (Phi-3, Phi-4-mini): with L =
 ///           original_max_position_embeddings, inv_freq_i / short_factor[i]
-///           at positions below L and inv_freq_i / long_factor[i] from L on
-///           (HF: a sequence longer than L); cos and sin multiplied by
+///           while a sequence is at most L tokens long and inv_freq_i /
+///           long_factor[i] once it is longer; cos and sin multiplied by
 ///           attention_factor, which defaults to 1 for factor <= 1, else
-///           sqrt(1 + ln(factor) / ln(L)). HF picks the factors of a whole
-///           forward call by its largest position, so a prompt longer than L
-///           prefilled in one HF call rotates all its tokens with long_factor;
-///           kvhead picks them per token (HF's choice when the tokens come
-///           one call at a time), so that results keep not depending on how
-///           a prompt is cut into calls. Up to L tokens the two agree.
+///           sqrt(1 + ln(factor) / ln(L)). longrope_factors says how:
+///           per_call (the default) as HF's dynamic update does: every token
+///           of a forward call rotates with the factors of its sequence's
+///           length at the end of the call (a cached sequence's past and new
+///           tokens), so a prompt longer than L prefilled in one call is long
+///           throughout, the tokens of a shorter one stay short in the cache
+///           when the sequence later grows past L, and a prompt crossing L cut
+///           into several calls gives other results than in one call (as in
+///           HF: the one exception to "Determinism" in README); short_factors
+///           or long_factors: always those (llama.cpp picks one set by its
+///           context size), the same bits however the tokens are cut.
 /// Defaults are those of HF; every number must be finite, max(1, 1 /
 /// rope_theta) / factor at most FLT_MAX (every scaled frequency a float's:
 /// rope_theta below 1 / FLT_MAX is refused with or without scaling; for
@@ -255,6 +260,8 @@ struct rope_scaling {
   double mscale = 0.0, mscale_all_dim = 0.0;             // yarn; 0: unset
   bool truncate = true;                                  // yarn
   std::vector<double> short_factor, long_factor;         // longrope: [rotary_dim / 2] each
+  enum class longrope_pick { per_call, short_factors, long_factors };
+  longrope_pick longrope_factors = longrope_pick::per_call;  // longrope
 };
 
 struct attention_config {
@@ -399,7 +406,9 @@ class KVHEAD_API attention_layer {
   /// sliding window, when configured: blocks before it are not read). One call can mix
   /// a prefill chunk of one sequence with single-token steps of others.
   /// Results are bit-identical to forward() with causal = true over each
-  /// whole sequence, however the tokens were chunked or batched.
+  /// whole sequence, however the tokens were chunked or batched (longrope
+  /// per call, as HF: however they were batched, and chunked into calls
+  /// that all end on the same side of its original length; rope_scaling).
   /// Isolation (kv_cache.hpp, "Writing"): `tokens` must be exactly
   /// length - mark, the positions this layer has not written yet, and the
   /// blocks holding them must belong to that sequence alone; on success the

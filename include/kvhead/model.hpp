@@ -16,9 +16,10 @@
 // use_sliding_window from max_window_layers on, Gemma 2's and gpt-oss's even
 // layers, layer_types "sliding_attention") get attention_config::sliding_window;
 // when every layer slides, kv_cache::drop_outside_window frees the blocks no
-// future query sees. What kvhead does not implement (rope types "dynamic" and
-// "longrope", MLA, another model_type) is an error naming the field, never an
-// approximation.
+// future query sees. RoPE default, linear, llama3, yarn and longrope (Phi-3's
+// su and yarn read as longrope, as HF does). What kvhead does not implement
+// (rope type "dynamic", MLA, another model_type) is an error naming the
+// field, never an approximation.
 // README's "Model folders" section lists the fields read.
 //
 // Errors: std::runtime_error with one line "<file>: <problem>" (no folder, no

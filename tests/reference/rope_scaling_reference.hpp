@@ -94,10 +94,11 @@ inline double rope_attention_factor(const rope_variant& v) {
   return mscale(1.0);
 }
 
-/// One head at `position`: q * cos + rotate_half(q) * sin on x[0, r); the
-/// floats after them are not touched.
-inline void rope_double(double* x, const rope_variant& v, std::size_t position) {
-  const std::vector<double> inv_freq = rope_inv_freq(v, position + 1);
+/// One head at `position` of a sequence seq_len tokens long (0: position +
+/// 1): q * cos + rotate_half(q) * sin on x[0, r); the floats after them are
+/// not touched.
+inline void rope_double(double* x, const rope_variant& v, std::size_t position, std::size_t seq_len = 0) {
+  const std::vector<double> inv_freq = rope_inv_freq(v, seq_len != 0 ? seq_len : position + 1);
   const double af = rope_attention_factor(v);
   const std::size_t half = v.rotary_dim / 2;
   std::vector<double> rotated(v.rotary_dim);
