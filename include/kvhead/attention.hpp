@@ -235,13 +235,15 @@ KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_te
 ///           per_call (the default) as HF's dynamic update does: every token
 ///           of a forward call rotates with the factors of its sequence's
 ///           length at the end of the call (a cached sequence's past and new
-///           tokens), so a prompt longer than L prefilled in one call is long
-///           throughout, the tokens of a shorter one stay short in the cache
-///           when the sequence later grows past L, and a prompt crossing L cut
-///           into several calls gives other results than in one call (as in
-///           HF: the one exception to "Determinism" in README); short_factors
-///           or long_factors: always those (llama.cpp picks one set by its
-///           context size), the same bits however the tokens are cut.
+///           tokens; each sequence of a batch by its own, where HF takes
+///           the batch's longest), so a prompt longer than L prefilled in
+///           one call is long throughout, the tokens of a shorter one stay
+///           short in the cache when the sequence later grows past L, and a
+///           prompt crossing L cut into several calls gives other results
+///           than in one call (as in HF: the one exception to "Determinism"
+///           in README); short_factors or long_factors: always those
+///           (llama.cpp picks one set by its context size), the same bits
+///           however the tokens are cut.
 /// Defaults are those of HF; every number must be finite, max(1, 1 /
 /// rope_theta) / factor at most FLT_MAX (every scaled frequency a float's:
 /// rope_theta below 1 / FLT_MAX is refused with or without scaling; for
