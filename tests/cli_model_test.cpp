@@ -102,6 +102,46 @@ TEST_CASE("model_folders_match_their_goldens_on_every_simd_path_and_decode_match
   }
 }
 
+TEST_CASE("longrope_flag_pins_the_factors_so_any_cut_gives_the_bits_of_one_call") {
+  scratch_dir dir;
+  const std::string folder = model_dir("phi3_longrope_long");  // 23 tokens over L = 16
+  const std::vector<std::string> flags = model_flags(folder, "0", (fs::path(folder) / "input.npy").string());
+  auto output = [&](const std::string& command, const std::vector<std::string>& extra) {
+    const std::string file = dir.file(command + "-" + std::to_string(extra.size()) + "-" + extra.back() + ".npy");
+    expect_clean(run_kvhead(with(with({command, "--output", file}, flags), extra)));
+    return read_bytes(file);
+  };
+  const std::string per_call = output("run", {"--longrope", "per-call"});
+  CHECK(per_call == output("run", {"--threads", "1"}));  // the default
+  for (const char* pick : {"short", "long"}) {
+    CAPTURE(pick);
+    const std::string one_call = output("run", {"--longrope", pick});
+    for (const char* chunk : {"1", "5"}) CHECK(output("decode", {"--chunk", chunk, "--longrope", pick}) == one_call);
+    // One call over 23 tokens takes the long factors per call as well.
+    CHECK((one_call == per_call) == (std::string(pick) == "long"));
+  }
+}
+
+TEST_CASE("longrope_flag_errors") {
+  scratch_dir dir;
+  const std::string input = (fs::path(model_dir("phi3_longrope")) / "input.npy").string();
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {with(model_flags(model_dir("phi3_longrope"), "1", input), {"--longrope", "medium"}),
+       "--longrope needs per-call, short or long, got 'medium'"},
+      {with(model_flags(model_dir("llama_yarn"), "1", input), {"--longrope", "long"}),
+       "--longrope needs a model whose RoPE is longrope"},
+      {{"--weights", "w.safetensors", "--heads", "4", "--input", input, "--longrope", "long"},
+       "--longrope needs --model"}};
+  for (const auto& entry : cases) {
+    const std::string expected = entry.second;  // not a structured binding: clang 14 cannot capture those
+    CAPTURE(expected);
+    const cli_result result = run_kvhead(with({"run", "--output", dir.file("y.npy")}, entry.first));
+    CHECK(result.exit_code == exit_usage);
+    CHECK(result.err.find(expected) != std::string::npos);
+    CHECK(!fs::exists(dir.file("y.npy")));
+  }
+}
+
 // ------------------------------------------------------------ bad folders
 
 /// A copy of model case `name` in `dir`, config.json edited by `edit`.

@@ -86,6 +86,11 @@ io::loaded_layer load_layer(const layer_job& job) {
   }
   io::model_layer model = io::load_model_layer(*job.model, job.model_layer);
   model.layer.config.precision = job.precision;
+  if (job.longrope) {
+    if (model.layer.config.rope_scaling.type != rope_scaling::kind::longrope)
+      throw usage_error("--longrope needs a model whose RoPE is longrope; config.json's is not");
+    model.layer.config.rope_scaling.longrope_factors = *job.longrope;
+  }
   const attention_config& config = model.layer.config;
   check_flag("--heads", job.checks.heads, config.num_heads, "num_attention_heads");
   check_flag("--kv-heads", job.checks.kv_heads, config.num_kv_heads, "num_key_value_heads");
@@ -103,6 +108,10 @@ layer_job parse_layer_job(const parsed_flags& flags) {
   job.threads =
       flags.count("--threads", max_threads).value_or(std::size_t(std::max(1, tbb::info::default_concurrency())));
   if (const std::optional<std::string> name = flags.value("--precision")) job.precision = parse_precision(*name);
+  if (const std::optional<std::string> name = flags.value("--longrope")) {
+    if (!flags.has("--model")) throw usage_error("--longrope needs --model");
+    job.longrope = parse_named("--longrope", longrope_choices, *name).pick;
+  }
   if (flags.has("--model")) {
     for (const char* name : {"--weights", "--prefix"})
       if (flags.has(name)) throw usage_error(std::string(name) + " cannot be given with --model");
@@ -209,8 +218,7 @@ std::string layer_job_help(const char* causal_line) {
       "                  biases, scale, sliding window, soft-capping and sinks from config.json\n"
       "                  and the weights. --heads, --kv-heads, --rope-theta and --scale may still\n"
       "                  be given but must agree with it (else exit 2); --weights and --prefix may\n"
-      "                  not. What kvhead does not implement (rope types dynamic/longrope, ...) is\n"
-      "                  error 1.\n"
+      "                  not. What kvhead does not implement (rope type dynamic, ...) is error 1.\n"
       "  --layer N       with --model: the layer index, 0 to num_hidden_layers - 1.\n"
       "  --input X       float32 .npy, [batch, seq, d_model] or [seq, d_model] (batch 1); with\n"
       "                  --model the attention block's input (after the input norm), d_model =\n"
@@ -229,6 +237,11 @@ std::string layer_job_help(const char* causal_line) {
       "  --scale S       multiplies q.k; default 1/sqrt(d). Must be finite.\n"
       "  --threads N     run in a oneTBB task arena of N threads, 1 to 1024; default: the\n"
       "                  number of CPUs this process may use.\n"
+      "  --longrope L    with --model, a longrope RoPE (Phi-3 128k, Phi-4-mini): per-call (the\n"
+      "                  default, as HF: a call's tokens take the long factors when their\n"
+      "                  sequence is longer than original_max_position_embeddings at the end of\n"
+      "                  the call, so the cut into calls matters), short or long (always those:\n"
+      "                  the same bits however the tokens are cut). README, Model folders.\n"
       "  --precision P   f32 (default) or bf16: weights stored bf16 (BF16 tensors as they are),\n"
       "                  each projection's input and q, k, v and the attention probabilities\n"
       "                  rounded to bf16, fp32 accumulation and outputs (README, Precision).\n"
@@ -249,7 +262,8 @@ std::string layer_job_help(const char* causal_line) {
       "     one of the input files, out of memory.\n"
       "  2  usage error: unknown flag, missing required flag, flag given twice or missing its\n"
       "     value, a value that is not a number, a count <= 0 (or --threads > 1024), a\n"
-      "     non-finite --scale, a negative or non-finite --rope-theta, an unknown --precision.\n"
+      "     non-finite --scale, a negative or non-finite --rope-theta, an unknown --precision,\n"
+      "     --longrope without --model, an unknown one, or for a model without longrope.\n"
       "\n"
       "environment:\n"
       "  KVHEAD_ISA=amx|avx512bf16|avx512|avx2|sse2\n"

@@ -27,10 +27,20 @@ namespace kvhead::tools {
 
 /// The flags of `kvhead run`; `kvhead decode` adds --chunk.
 inline constexpr flag_spec layer_job_flags[] = {
-    {"--weights", true}, {"--input", true},      {"--output", true},    {"--heads", true}, {"--kv-heads", true},
-    {"--causal", false}, {"--rope-theta", true}, {"--prefix", true},    {"--scale", true}, {"--threads", true},
-    {"--model", true},   {"--layer", true},      {"--precision", true},
+    {"--weights", true}, {"--input", true},      {"--output", true},    {"--heads", true},    {"--kv-heads", true},
+    {"--causal", false}, {"--rope-theta", true}, {"--prefix", true},    {"--scale", true},    {"--threads", true},
+    {"--model", true},   {"--layer", true},      {"--precision", true}, {"--longrope", true},
 };
+
+/// --longrope's choices (rope_scaling::longrope_factors) as the flag names them.
+struct longrope_choice {
+  rope_scaling::longrope_pick pick;
+  const char* name;
+};
+inline std::string to_string(longrope_choice choice) { return choice.name; }
+inline constexpr longrope_choice longrope_choices[] = {{rope_scaling::longrope_pick::per_call, "per-call"},
+                                                       {rope_scaling::longrope_pick::short_factors, "short"},
+                                                       {rope_scaling::longrope_pick::long_factors, "long"}};
 
 /// With --model: the layer flags that were also given, each checked against
 /// config.json (a contradiction is a usage error).
@@ -48,6 +58,7 @@ struct layer_job {
   model_flag_checks checks;
   std::size_t threads = 1;
   kvhead::precision precision = kvhead::precision::f32;  // --precision
+  std::optional<rope_scaling::longrope_pick> longrope;   // --longrope (with --model)
 };
 
 /// The options of layer_job_flags; throws usage_error.
