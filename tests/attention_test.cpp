@@ -128,6 +128,61 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "attention with ALiBi matches the double reference: causal or not, windows, padding, GQA and MQA, soft-capping, "
+    "decode and prefill, every SIMD path") {
+  const std::vector<std::size_t> lengths = {1, 2, 31, 97, 255, 256, 257, 600, 1500};
+  for (simd_path path : kvhead::supported_simd_paths()) {
+    std::mt19937 generator(1414);
+    auto pick = [&](const auto& list) { return list[generator() % list.size()]; };
+    for (int sample = 0; sample < 30; ++sample) {
+      sdpa_setup setup;
+      const std::size_t kv_heads = pick(std::vector<std::size_t>{1, 2, 3});
+      setup.dims.num_kv_heads = kv_heads;
+      setup.dims.num_heads = kv_heads * pick(std::vector<std::size_t>{1, 2, 4, 5});
+      setup.dims.batch = 1 + generator() % 2;
+      setup.dims.head_dim = pick(std::vector<std::size_t>{1, 8, 33, 64});
+      setup.dims.kv_len = pick(lengths);
+      setup.dims.q_len = sample % 3 == 0 ? 1 : generator() % 2 == 0 ? setup.dims.kv_len : pick(lengths);
+      while (setup.dims.batch * setup.dims.num_heads * setup.dims.q_len * setup.dims.kv_len * setup.dims.head_dim >
+             20'000'000)
+        setup.dims.q_len = std::max<std::size_t>(1, setup.dims.q_len / 2);
+      setup.bshd_layout = generator() & 1;
+      setup.causal = generator() % 4 != 0;
+      setup.explicit_offset = generator() % 4 == 0 || setup.dims.q_len > setup.dims.kv_len;
+      setup.padded = generator() % 3 == 0;
+      setup.additive = generator() % 5 == 0;
+      setup.window = generator() % 4 == 0 ? 1 + generator() % setup.dims.kv_len : 0;
+      setup.logit_softcap = generator() % 4 == 0 ? 20.0f : 0.0f;
+      setup.sinks = generator() % 4 == 0;
+      setup.alibi = true;
+      check_sdpa(setup, path, generator);
+    }
+  }
+}
+
+TEST_CASE("alibi_slopes: BLOOM's and MPT's slopes, for a power of two of heads and between them") {
+  // Written from transformers' build_alibi_tensor: n = 2^floor(log2 H), base
+  // 2^(-8/n), slopes base^1 .. base^n, then the odd powers 1, 3, 5, ... of
+  // 2^(-8/(2n)) for the H - n heads left.
+  for (const std::size_t heads : {1, 2, 8, 12, 32, 40, 71}) {
+    CAPTURE(heads);
+    std::size_t n = 1;
+    while (2 * n <= heads) n *= 2;
+    std::vector<double> expected;
+    for (std::size_t i = 1; i <= n; ++i) expected.push_back(std::pow(std::pow(2.0, -8.0 / double(n)), double(i)));
+    for (std::size_t i = 1; expected.size() < heads; i += 2)
+      expected.push_back(std::pow(std::pow(2.0, -8.0 / double(2 * n)), double(i)));
+    const std::vector<float> slopes = kvhead::alibi_slopes(heads);
+    REQUIRE(slopes.size() == heads);
+    for (std::size_t h = 0; h < heads; ++h) CHECK(slopes[h] == float(expected[h]));
+  }
+  CHECK(kvhead::alibi_slopes(4, 4.0) == std::vector<float>{0.5f, 0.25f, 0.125f, 0.0625f});
+  CHECK_THROWS_WITH_AS(kvhead::alibi_slopes(0), "alibi_slopes: num_heads must be at least 1", std::invalid_argument);
+  CHECK_THROWS_AS(kvhead::alibi_slopes(8, 0.0), std::invalid_argument);
+  CHECK_THROWS_AS(kvhead::alibi_slopes(8, INFINITY), std::invalid_argument);
+}
+
 namespace {
 
 // Each query at `positions` of the causal prefill `setup`, run alone as a
@@ -174,6 +229,19 @@ TEST_CASE("attention with a sliding window: a decode step equals its row of the 
       setup.dims = {1, 8, 2, 700, 700, 24};
       setup.causal = true;
       setup.window = window;
+      check_decode_steps_match_prefill(setup, path, generator, {0, 1, 255, 256, 257, 511, 512, 699}, {1, 2, 3, 8});
+    }
+}
+
+TEST_CASE("attention with ALiBi: a decode step equals its row of the prefill at 1, 2, 3 and 8 threads") {
+  for (simd_path path : kvhead::supported_simd_paths())
+    for (std::size_t window : {0, 257}) {
+      std::mt19937 generator(static_cast<unsigned>(window) + 17);
+      sdpa_setup setup;
+      setup.dims = {1, 8, 2, 700, 700, 24};
+      setup.causal = true;
+      setup.window = window;
+      setup.alibi = true;
       check_decode_steps_match_prefill(setup, path, generator, {0, 1, 255, 256, 257, 511, 512, 699}, {1, 2, 3, 8});
     }
 }
@@ -278,7 +346,7 @@ TEST_CASE("attention sinks: rows with every key masked give zeros, as Hugging Fa
 }
 
 TEST_CASE("attention: probabilities on request match the reference, the output unchanged bit for bit") {
-  // Plain, and with soft-capping and sinks (whose share leaves the rows' sums visibly below 1).
+  // Plain, and with soft-capping, sinks (whose share leaves the rows' sums visibly below 1) and ALiBi.
   for (const bool capped_with_sinks : {false, true}) {
     CAPTURE(capped_with_sinks);
     std::mt19937 generator(capped_with_sinks ? 13 : 11);
@@ -287,6 +355,7 @@ TEST_CASE("attention: probabilities on request match the reference, the output u
     setup.causal = true;
     setup.additive = true;
     setup.sinks = capped_with_sinks;
+    setup.alibi = capped_with_sinks;
     if (capped_with_sinks) setup.q_gain = 20.0f;  // scores far beyond the cap
     const sdpa_data data = make_data(setup, generator);
     const attention_dims& d = setup.dims;
@@ -296,6 +365,7 @@ TEST_CASE("attention: probabilities on request match the reference, the output u
     options.additive_mask = data.mask.data();
     options.logit_softcap = float(softcap);
     options.sinks = capped_with_sinks ? data.sinks.data() : nullptr;
+    options.alibi_slopes = capped_with_sinks ? data.alibi_slopes.data() : nullptr;
     std::vector<float> plain(d.batch * d.num_heads * d.q_len * d.head_dim), with(plain.size());
     std::vector<float> probabilities(d.batch * d.num_heads * d.q_len * d.kv_len);
     auto out_view = [&](std::vector<float>& out) {
@@ -307,7 +377,7 @@ TEST_CASE("attention: probabilities on request match the reference, the output u
     CHECK(std::memcmp(plain.data(), with.data(), plain.size() * sizeof(float)) == 0);
     const auto ref = kvhead::reference::sdpa(
         {d.batch, d.num_heads, d.num_kv_heads, d.q_len, d.kv_len, d.head_dim, 1.0 / std::sqrt(8.0), true,
-         d.kv_len - d.q_len, nullptr, data.mask.data(), 0, softcap, options.sinks},
+         d.kv_len - d.q_len, nullptr, data.mask.data(), 0, softcap, options.sinks, options.alibi_slopes},
         {data.q.data(), d.num_heads * d.q_len * 8, d.q_len * 8, 8},
         {data.k.data(), d.num_kv_heads * d.kv_len * 8, d.kv_len * 8, 8},
         {data.v.data(), d.num_kv_heads * d.kv_len * 8, d.kv_len * 8, 8});

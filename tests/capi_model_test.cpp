@@ -260,6 +260,32 @@ TEST_CASE("C API variants: a folder's soft-capping and sinks as in C++, and logi
   CHECK(kvh_layer_open(weights.c_str(), &options, &layer) == KVH_ERR_INVALID_ARGUMENT);
   CHECK(std::string(kvh_last_error()).find("sinks[2]") != std::string::npos);
   CHECK(layer == nullptr);
+
+  // ALiBi slopes: zeros change no bit, BLOOM's change the output, decoding
+  // equals the forward pass with them (in `forward`); an older caller's
+  // bytes past its struct_size are never read; a bad slope is refused, a
+  // model folder takes none.
+  options.sinks = nullptr;
+  const std::vector<float> zeros(8, 0.0f), slopes = kvhead::alibi_slopes(8);
+  options.alibi_slopes = zeros.data();
+  CHECK(same_bits(forward(options), plain));
+  options.alibi_slopes = slopes.data();
+  CHECK(!same_bits(forward(options), plain));
+  older = options;
+  older.struct_size = offsetof(kvh_layer_options, alibi_slopes);
+  older.alibi_slopes = reinterpret_cast<const float*>(std::uintptr_t{1});
+  CHECK(same_bits(forward(older), plain));
+  std::vector<float> bad_slopes = slopes;
+  bad_slopes[5] = INFINITY;
+  options.alibi_slopes = bad_slopes.data();
+  CHECK(kvh_layer_open(weights.c_str(), &options, &layer) == KVH_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(kvh_last_error()).find("alibi_slopes[5]") != std::string::npos);
+  kvh_layer_options model_options = defaults();
+  model_options.alibi_slopes = slopes.data();
+  CHECK(kvh_layer_open_model((std::string(KVHEAD_MODELS_DIR) + "/gpt_oss_sinks").c_str(), 1, &model_options, &layer) ==
+        KVH_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(kvh_last_error()).find("alibi_slopes must be NULL with a model folder") != std::string::npos);
+  CHECK(layer == nullptr);
 }
 
 TEST_CASE("C API precision: bf16 layers equal kvhead::load_model_layer's, decode as they forward, within 2e-2 of f32") {

@@ -814,6 +814,7 @@ TEST_CASE("C API: options ABI, struct_size and kvh_layer_options_init") {
   CHECK(options.precision == KVH_PRECISION_F32);
   CHECK(options.sliding_window == 0);
   CHECK(options.kv_block_size == 0);
+  CHECK(options.alibi_slopes == nullptr);
   // A program built before `precision` was added: its bytes are left alone
   // (the library reads the field as its default, f32).
   std::memset(&options, 0xab, sizeof options);
@@ -826,6 +827,11 @@ TEST_CASE("C API: options ABI, struct_size and kvh_layer_options_init") {
   kvh_layer_options_init_sized(&options, offsetof(kvh_layer_options, kv_block_size));
   CHECK(options.sliding_window == 0);
   CHECK(options.kv_block_size == int32_t(0xabababab));
+  // Before `alibi_slopes` (past kv_block_size's padding): left alone too.
+  std::memset(&options, 0xab, sizeof options);
+  kvh_layer_options_init_sized(&options, offsetof(kvh_layer_options, alibi_slopes));
+  CHECK(options.kv_block_size == 0);
+  CHECK(reinterpret_cast<std::uintptr_t>(options.alibi_slopes) == std::uintptr_t(0xabababababababab));
   std::memset(&options, 0xab, sizeof options);
   (kvh_layer_options_init)(&options);  // the exported function, as ctypes calls it
   CHECK(options.struct_size == sizeof(kvh_layer_options));

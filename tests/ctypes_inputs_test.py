@@ -76,6 +76,14 @@ def main():
                     failures.append(f"{option} {value}: accepted")
                 except kvhead_ctypes.KvheadError as raised:
                     check(f"{option} {value} is named as {text}: {raised}", text in str(raised).lower())
+        # ALiBi slopes: one per query head, used (BLOOM's change the output, zeros do not).
+        refuses("alibi_slopes of the wrong length", ValueError, lambda: kvhead.layer(weights, 8, 2, alibi_slopes=[0.5] * 7))
+        with kvhead.layer(weights, 8, 2, 10000.0, alibi_slopes=[0.0] * 8) as zero_slopes, \
+                kvhead.layer(weights, 8, 2, 10000.0, alibi_slopes=[2.0 ** -(h + 1) for h in range(8)]) as bloom:
+            check("zero ALiBi slopes change no bit", np.array_equal(zero_slopes.forward(x, causal=True),
+                                                                    layer.forward(x, causal=True)))
+            check("BLOOM's ALiBi slopes change the output", not np.array_equal(bloom.forward(x, causal=True),
+                                                                             layer.forward(x, causal=True)))
         refuses("a path with a NUL", ValueError, lambda: kvhead.layer(weights + "\0.missing", 8, 2))
         refuses("a prefix with a NUL", ValueError, lambda: kvhead.layer(weights, 8, 2, prefix="\0model."))
         # Arrays that are not real numbers, or beyond float32.

@@ -153,6 +153,48 @@ TEST_CASE("decode: longrope picks its factors per call as HF does, pinned ones g
   CHECK(one_call[0] != one_call[1]);
 }
 
+TEST_CASE("decode: ALiBi, token by token and in chunks, alone or batched, equals the full causal forward") {
+  kvhead::attention_config c{8, 2, 16, 48, {}, true};  // no RoPE: ALiBi's models have none
+  c.alibi_slopes = kvhead::alibi_slopes(8);
+  c.sliding_window = 0;
+  layer_fixture f(c);
+  std::mt19937 generator(6);
+  constexpr std::size_t seq = 300;  // crosses a 256-key chunk
+  const std::vector<float> x = random_values(2 * seq * c.d_model, generator, 1.0f);
+  const std::vector<float> expected = f.full(x, seq);  // two sequences
+  for (std::size_t chunk : {std::size_t{1}, std::size_t{7}, seq}) {
+    kvhead::kv_cache cache = make_cache(f.config, 32);
+    const kvhead::sequence_id a = cache.create(), b = cache.create();
+    std::vector<float> y(x.size());
+    for (std::size_t done = 0; done < seq; done += chunk) {
+      const std::size_t tokens = std::min(chunk, seq - done);
+      cache.append(a, tokens);
+      cache.append(b, tokens);
+      std::vector<float> rows(x.begin() + done * c.d_model, x.begin() + (done + tokens) * c.d_model);
+      rows.insert(rows.end(), x.begin() + (seq + done) * c.d_model, x.begin() + (seq + done + tokens) * c.d_model);
+      std::vector<float> out(rows.size());
+      f.layer.forward(cache, 0, {{a, tokens}, {b, tokens}}, rows.data(), out.data());
+      std::copy(out.begin(), out.begin() + tokens * c.d_model, y.begin() + done * c.d_model);
+      std::copy(out.begin() + tokens * c.d_model, out.end(), y.begin() + (seq + done) * c.d_model);
+    }
+    INFO("chunk " << chunk);
+    CHECK(same_bits(y.data(), expected.data(), y.size()));
+  }
+  // The slopes matter, and the layer checks them.
+  kvhead::attention_config plain = c;
+  plain.alibi_slopes.clear();
+  CHECK(layer_fixture(plain).full(x, seq) != expected);
+  kvhead::attention_config wrong = c;
+  wrong.alibi_slopes.pop_back();
+  CHECK_THROWS_WITH_AS(kvhead::attention_layer(wrong, f.weights()),
+                       "attention_layer: alibi_slopes holds 7 slopes, not one per query head (8)",
+                       std::invalid_argument);
+  wrong.alibi_slopes = c.alibi_slopes;
+  wrong.alibi_slopes[3] = NAN;
+  CHECK_THROWS_WITH_AS(kvhead::attention_layer(wrong, f.weights()),
+                       "attention_layer: alibi_slopes[3] is not finite (nan)", std::invalid_argument);
+}
+
 TEST_CASE("decode: a ragged batch mixing a prefill chunk with single-token steps equals each sequence alone") {
   layer_fixture f({6, 3, 8, 24, {}, true, 500.0});
   std::mt19937 generator(2);

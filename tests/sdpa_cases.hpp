@@ -36,11 +36,12 @@ struct sdpa_setup {
   std::size_t window = 0;      // sliding window, 0: none
   float logit_softcap = 0.0f;  // > 0: soft-capping
   bool sinks = false;          // one sink logit per query head
+  bool alibi = false;          // one ALiBi slope per query head
   float q_gain = 1.0f;         // q ~ N(0, q_gain^2): scores far beyond the cap
 };
 
 struct sdpa_data {
-  std::vector<float> q, k, v, mask, sinks;
+  std::vector<float> q, k, v, mask, sinks, alibi_slopes;
   std::vector<std::size_t> valid_len;
   head_tensor<const float> q_view, k_view, v_view;
   std::size_t q_offset = 0;
@@ -82,6 +83,11 @@ inline sdpa_data make_data(const sdpa_setup& setup, std::mt19937& generator) {
     std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
     for (float& x : data.sinks) x = generator() % 5 == 0 ? 12.0f * uniform(generator) : uniform(generator);
   }
+  if (setup.alibi) {  // BLOOM's slopes lie in (0, 0.5]; some steeper, a few negative
+    data.alibi_slopes.resize(d.num_heads);
+    std::uniform_real_distribution<float> uniform(-0.1f, 0.6f);
+    for (float& x : data.alibi_slopes) x = generator() % 6 == 0 ? 4.0f * uniform(generator) : uniform(generator);
+  }
   return data;
 }
 
@@ -105,14 +111,16 @@ inline engine::attention_problem make_problem(const sdpa_setup& setup, const sdp
           data.mask.empty() ? nullptr : data.mask.data(),
           path,
           setup.window,
-          {setup.logit_softcap, data.sinks.empty() ? nullptr : data.sinks.data()},
+          {setup.logit_softcap, data.sinks.empty() ? nullptr : data.sinks.data(),
+           data.alibi_slopes.empty() ? nullptr : data.alibi_slopes.data()},
           compute};
 }
 
 // Error bound of one output element at f32 (derivation in the comments), as
 // a multiple of max|v| over the row's visible keys:
 //   score error  ds <= (2d + 6) u (S + 2): the GEMM's sum over d (gemm_test),
-//                 the scale and the mask add; S = max_j scale sum|q k_j|, 2 = max|mask|;
+//                 the scale and the mask add; S = max_j scale sum|q k_j| (plus
+//                 |ALiBi's bias|, whose product and add round twice more), 2 = max|mask|;
 //                 soft-capping passes that error on with a slope <= 1 (tanh' <= 1)
 //                 and adds its own <= 13.45 u cap (tanh_test.cpp);
 //   probability  relative error <= 2 ds + 4 u S (rounding of s - max; a capped
@@ -169,10 +177,10 @@ inline void check_sdpa(const sdpa_setup& setup, simd_path path, std::mt19937& ge
   q_view.data = q.data();
   k_view.data = k.data();
   v_view.data = v.data();
-  const auto ref = reference::sdpa(
-      {d.batch, d.num_heads, d.num_kv_heads, d.q_len, d.kv_len, d.head_dim, problem.scale, setup.causal, data.q_offset,
-       problem.valid_len, problem.additive_mask, setup.window, setup.logit_softcap, problem.variants.sinks},
-      q_view, k_view, v_view);
+  const auto ref = reference::sdpa({d.batch, d.num_heads, d.num_kv_heads, d.q_len, d.kv_len, d.head_dim, problem.scale,
+                                    setup.causal, data.q_offset, problem.valid_len, problem.additive_mask, setup.window,
+                                    setup.logit_softcap, problem.variants.sinks, problem.variants.alibi_slopes},
+                                   q_view, k_view, v_view);
 
   std::size_t failures = 0;
   double worst = 0.0;

@@ -58,7 +58,7 @@ class _LayerOptions(ctypes.Structure):
                 ("threads", ctypes.c_int32), ("kv_dtype", ctypes.c_int32), ("logit_softcap", ctypes.c_float),
                 ("sinks", ctypes.POINTER(ctypes.c_float)),
                 ("precision", ctypes.c_int32), ("sliding_window", ctypes.c_int64),
-                ("kv_block_size", ctypes.c_int32)]
+                ("kv_block_size", ctypes.c_int32), ("alibi_slopes", ctypes.POINTER(ctypes.c_float))]
 
 
 # kvh_kv_dtype: how a cache made from a layer stores K and V.
@@ -119,14 +119,15 @@ class Library:
             raise KvheadError(status, self._c.kvh_last_error().decode(errors="replace"))
 
     def layer(self, path, num_heads, num_kv_heads=0, rope_theta=0.0, scale=0.0, prefix=None, threads=0,
-              kv_dtype="f32", precision="f32", sliding_window=0, kv_block_size=0, logit_softcap=0.0, sinks=None):
+              kv_dtype="f32", precision="f32", sliding_window=0, kv_block_size=0, logit_softcap=0.0, sinks=None,
+              alibi_slopes=None):
         """kvh_layer_open with these options (kvh_layer_options: 0 means the default; kv_dtype a key of
         KV_DTYPES, precision a key of PRECISIONS, kv_block_size 16, 32, 64, 128 or 256 tokens per block of its
-        caches, sinks None or num_heads logits)."""
+        caches, sinks None or num_heads logits, alibi_slopes None or num_heads slopes)."""
         return Layer(self, path, num_heads=num_heads, num_kv_heads=num_kv_heads, rope_theta=rope_theta,
                      scale=scale, prefix=prefix, threads=threads, kv_dtype=kv_dtype, precision=precision,
                      sliding_window=sliding_window, kv_block_size=kv_block_size, logit_softcap=logit_softcap,
-                     sinks=sinks)
+                     sinks=sinks, alibi_slopes=alibi_slopes)
 
     def model_layer(self, folder, layer_index, threads=0, kv_dtype="f32", precision="f32", kv_block_size=0):
         """kvh_layer_open_model: layer layer_index of a Hugging Face model folder, everything else from its
@@ -217,7 +218,7 @@ class Layer:
 
     def __init__(self, library, path, num_heads=0, num_kv_heads=0, rope_theta=0.0, scale=0.0, prefix=None,
                  threads=0, kv_dtype="f32", precision="f32", sliding_window=0, kv_block_size=0, logit_softcap=0.0,
-                 sinks=None, layer_index=None):
+                 sinks=None, layer_index=None, alibi_slopes=None):
         self._handle = None
         self._lib, c = library, library._c
         if kv_dtype not in KV_DTYPES:
@@ -236,11 +237,15 @@ class Layer:
         options.sliding_window = _integer("sliding_window", sliding_window, _INT64)
         options.kv_block_size = _integer("kv_block_size", kv_block_size, _INT32)
         options.prefix = _text("prefix", prefix) if prefix is not None else None
-        sink_values = None
+        sink_values = slope_values = None  # kept alive until kvh_layer_open has copied them
         if sinks is not None:
             sink_values, options.sinks = _floats(sinks, "sinks")
             if sink_values.shape != (num_heads,):
                 raise ValueError(f"sinks has shape {sink_values.shape}; expected [num_heads = {num_heads}]")
+        if alibi_slopes is not None:
+            slope_values, options.alibi_slopes = _floats(alibi_slopes, "alibi_slopes")
+            if slope_values.shape != (num_heads,):
+                raise ValueError(f"alibi_slopes has shape {slope_values.shape}; expected [num_heads = {num_heads}]")
         handle = ctypes.c_void_p()
         if layer_index is None:
             library.check(c.kvh_layer_open(_text("path", path), ctypes.byref(options), ctypes.byref(handle)))

@@ -1,5 +1,6 @@
 // The public attention API: validation at the boundary, then the engine.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -49,13 +50,18 @@ void validate_softcap(const char* where, float logit_softcap) {
   });
 }
 
-void validate_sinks(const char* where, const float* sinks, std::size_t num_heads) {
-  if (sinks == nullptr) return;
+// One finite number per query head (sinks, ALiBi slopes), or none.
+void validate_per_head(const char* where, const char* name, const float* values, std::size_t num_heads) {
+  if (values == nullptr) return;
   for (std::size_t h = 0; h < num_heads; ++h)
-    engine::require(std::isfinite(sinks[h]), [&] {
-      return std::string(where) + ": sinks[" + std::to_string(h) + "] is not finite (" + std::to_string(sinks[h]) +
-             ")";
+    engine::require(std::isfinite(values[h]), [&] {
+      return std::string(where) + ": " + name + "[" + std::to_string(h) + "] is not finite (" +
+             std::to_string(values[h]) + ")";
     });
+}
+
+void validate_sinks(const char* where, const float* sinks, std::size_t num_heads) {
+  validate_per_head(where, "sinks", sinks, num_heads);
 }
 
 void validate_precision(const char* where, precision value) {
@@ -190,6 +196,7 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
       [&] { return std::string("scaled_dot_product_attention: the bf16 copies of q, k and v overflow std::size_t"); });
   if (empty_queries) return;
   validate_sinks("scaled_dot_product_attention", options.sinks, dims.num_heads);
+  validate_per_head("scaled_dot_product_attention", "alibi_slopes", options.alibi_slopes, dims.num_heads);
   validate_views(dims, q, k, v, out);
 
   const engine::attention_problem problem{dims,
@@ -204,9 +211,24 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
                                           options.additive_mask,
                                           active_simd_path(),
                                           options.sliding_window,
-                                          {options.logit_softcap, options.sinks},
+                                          {options.logit_softcap, options.sinks, options.alibi_slopes},
                                           options.precision};
   engine::run_in_arena([&] { engine::scaled_dot_product(problem, options.probabilities); });
+}
+
+std::vector<float> alibi_slopes(std::size_t num_heads, double max_bias) {
+  engine::require(num_heads >= 1, [] { return std::string("alibi_slopes: num_heads must be at least 1"); });
+  engine::require(std::isfinite(max_bias) && max_bias > 0.0, [&] {
+    return "alibi_slopes: max_bias must be finite and positive, got " + std::to_string(max_bias);
+  });
+  const std::size_t powers = std::bit_floor(num_heads);  // n
+  std::vector<float> slopes;
+  for (std::size_t h = 0; h < num_heads; ++h) {
+    const double exponent =
+        h < powers ? double(h + 1) / double(powers) : double(2 * (h - powers) + 1) / double(2 * powers);
+    slopes.push_back(float(std::exp2(-max_bias * exponent)));
+  }
+  return slopes;
 }
 
 // ---------------------------------------------------------------- the layer
@@ -251,6 +273,12 @@ attention_config validated(attention_config config) {
   engine::require(!config.qk_norm_eps || (std::isfinite(*config.qk_norm_eps) && *config.qk_norm_eps >= 0.0f),
                   [&] { return std::string("attention_layer: qk_norm_eps must be finite and >= 0"); });
   validate_softcap("attention_layer", config.logit_softcap);
+  engine::require(config.alibi_slopes.empty() || config.alibi_slopes.size() == config.num_heads, [&] {
+    return "attention_layer: alibi_slopes holds " + std::to_string(config.alibi_slopes.size()) +
+           " slopes, not one per query head (" + std::to_string(config.num_heads) + ")";
+  });
+  validate_per_head("attention_layer", "alibi_slopes",
+                    config.alibi_slopes.empty() ? nullptr : config.alibi_slopes.data(), config.num_heads);
   const std::optional<std::size_t> qkv_width =
       engine::checked_product({config.num_heads + 2 * config.num_kv_heads, config.head_dim});
   engine::require(config.num_heads <= SIZE_MAX / 4 && qkv_width &&

@@ -15,6 +15,7 @@
 
 #include "engine/arch/checked_size.hpp"
 #include "engine/arch/scratch.hpp"
+#include "engine/attention/alibi.hpp"
 #include "engine/gemm/gemm_bf16.hpp"
 #include "engine/gemm/gemm_int8.hpp"
 #include "engine/gemm/stored_element.hpp"
@@ -303,6 +304,14 @@ void chunk_partial(const attention_tile& tile, const kv_chunk_source& source, st
     for (std::size_t row = 0; row < rows; ++row) {
       const key_span keys = visible(row / group);
       softcap_floats(scores + row * kv_chunk + keys.begin, keys.count(), tile.variants.logit_softcap, tile.path);
+    }
+  if (tile.variants.alibi_slopes != nullptr)  // likewise, after the cap
+    for (std::size_t row = 0; row < rows; ++row) {
+      const key_span keys = visible(row / group);
+      const std::size_t position = tile.q_offset + tile.position0 + row / group;
+      add_alibi(scores + row * kv_chunk + keys.begin, keys.count(),
+                tile.variants.alibi_slopes[tile.kv_head * group + row % group],
+                std::int64_t(key0 + keys.begin) - std::int64_t(position));
     }
   if (tile.additive_mask != nullptr)
     for (std::size_t row = 0; row < rows; ++row) {

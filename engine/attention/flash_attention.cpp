@@ -13,6 +13,7 @@
 #include "engine/arch/checked_size.hpp"
 #include "engine/arch/kernel_config.hpp"
 #include "engine/arch/scratch.hpp"
+#include "engine/attention/alibi.hpp"
 #include "engine/attention/chunk_partial.hpp"
 #include "engine/gemm/gemm_bf16.hpp"
 #include "engine/gemm/pack.hpp"
@@ -287,6 +288,8 @@ void attention_probabilities(const attention_problem& problem, float* probabilit
     for (std::size_t i = 0; i < dims.q_len; ++i) {
       float* row = rows + i * dims.kv_len;
       if (variants.logit_softcap > 0.0f) softcap_floats(row, dims.kv_len, variants.logit_softcap, problem.path);
+      if (variants.alibi_slopes != nullptr)
+        add_alibi(row, dims.kv_len, variants.alibi_slopes[head], -std::int64_t(problem.q_offset + i));
       if (problem.additive_mask != nullptr)
         for (std::size_t j = 0; j < dims.kv_len; ++j) row[j] += problem.additive_mask[i * dims.kv_len + j];
       const std::size_t position = problem.q_offset + i;

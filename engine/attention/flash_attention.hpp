@@ -107,11 +107,12 @@ class kv_chunk_source {
   virtual kv_dtype element() const = 0;
 };
 
-/// The layer's variants of the scores and the softmax (attention.hpp), both
-/// off by default: soft-capping (Gemma 2) and attention sinks (gpt-oss).
+/// The layer's variants of the scores and the softmax (attention.hpp), all
+/// off by default: soft-capping (Gemma 2), attention sinks (gpt-oss), ALiBi.
 struct score_variants {
-  float logit_softcap = 0.0f;    // > 0: s = cap * tanh(s / cap) after the scale, before the mask; 0: none
-  const float* sinks = nullptr;  // [H] finite logits, query head h's at sinks[h]; null: none
+  float logit_softcap = 0.0f;           // > 0: s = cap * tanh(s / cap) after the scale, before the mask; 0: none
+  const float* sinks = nullptr;         // [H] finite logits, query head h's at sinks[h]; null: none
+  const float* alibi_slopes = nullptr;  // [H] finite slopes: s += slope_h (j - position) after the cap; null: none
 };
 
 /// One unit of work: query rows [position0, position0 + positions) of the R

@@ -65,8 +65,11 @@ struct attention_layer::impl {
   /// Floats per row of the projections: q, k and v side by side, (H + 2G) d.
   std::size_t qkv_width() const;
 
-  /// Soft-capping and sinks for the attention kernels.
-  engine::score_variants variants() const { return {config.logit_softcap, sinks.empty() ? nullptr : sinks.data()}; }
+  /// Soft-capping, sinks and ALiBi for the attention kernels.
+  engine::score_variants variants() const {
+    return {config.logit_softcap, sinks.empty() ? nullptr : sinks.data(),
+            config.alibi_slopes.empty() ? nullptr : config.alibi_slopes.data()};
+  }
 
   /// qkv [rows, (H + 2G) d] from x [rows, d_model]: per row the H query
   /// heads, then the G key heads, then the G value heads, d floats each; then

@@ -41,6 +41,7 @@ constexpr kvh_layer_options default_options() {
   options.precision = KVH_PRECISION_F32;
   options.sliding_window = 0;
   options.kv_block_size = 0;
+  options.alibi_slopes = nullptr;
   return options;
 }
 
@@ -163,6 +164,9 @@ void check_model_options(const kvh_layer_options& options, const attention_confi
   check(options.sinks == nullptr, KVH_ERR_INVALID_ARGUMENT, [] {
     return std::string("options->sinks must be NULL with a model folder (sinks come from its self_attn.sinks)");
   });
+  check(options.alibi_slopes == nullptr, KVH_ERR_INVALID_ARGUMENT, [] {
+    return std::string("options->alibi_slopes must be NULL with a model folder (no family it reads uses ALiBi)");
+  });
   check(options.threads >= 0 && options.threads <= max_threads, KVH_ERR_INVALID_ARGUMENT, [&] {
     return "options->threads = " + std::to_string(options.threads) + " (must be 0 to " + std::to_string(max_threads) +
            "; 0 = all cores)";
@@ -211,6 +215,8 @@ kvh_status kvh_layer_open(const char* safetensors_path, const kvh_layer_options*
       kvhead::io::loaded_layer loaded = kvhead::io::load_attention_layer(file, load);
       loaded.config.logit_softcap = checked.logit_softcap;  // checked by the layer
       if (checked.sinks != nullptr) loaded.sinks.assign(checked.sinks, checked.sinks + loaded.config.num_heads);
+      if (checked.alibi_slopes != nullptr)  // checked by the layer
+        loaded.config.alibi_slopes.assign(checked.alibi_slopes, checked.alibi_slopes + loaded.config.num_heads);
       loaded.config.precision = compute;
       loaded.config.sliding_window = window;
       layer = wrap(loaded.build(), checked);

@@ -20,8 +20,8 @@
 // batch element and head) is added to the scaled scores; -inf there hides a
 // key too. A query row with no visible key yields zeros, never NaN.
 //
-// Variants (both off by default, as Hugging Face's eager attention computes
-// them; its SDPA path drops them):
+// Variants (all off by default, as Hugging Face's eager attention computes
+// them; its SDPA path drops soft-capping and sinks):
 //   logit soft-capping (Gemma 2): with cap > 0, each scaled score becomes
 //     s = cap * tanh(s / cap) before the additive mask (and the masks),
 //     so |s| <= cap; an infinite score becomes +-cap.
@@ -31,7 +31,15 @@
 //       m = max(max_k s_k, sink_h),
 //     so the probabilities sum to less than 1. A row with no visible key
 //     yields zeros (the sink takes all the mass).
-// Both keep the bit-identity across thread counts, chunking and batching.
+//   ALiBi (BLOOM, MPT, Falcon-RW, Baichuan 13B; vLLM's alibi_slopes): one
+//     finite slope per query head; each scaled score gets
+//       s += slope_h * float(j - (q_offset + i)),
+//     the key's distance from its query times the slope (<= 0 before the
+//     query), after soft-capping and before the additive mask. HF's BLOOM
+//     adds slope_h * j, which differs from this by a constant per row: the
+//     same softmax, with smaller numbers to round. alibi_slopes() gives the
+//     slopes those models use.
+// All keep the bit-identity across thread counts, chunking and batching.
 //
 // Special values. NaN or Inf in the inputs reach only the outputs that attend
 // to them (keys hidden by causality, valid_len or the window are never
@@ -150,6 +158,9 @@ struct attention_options {
   /// Attention sinks: [num_heads] finite logits, head h's at sinks[h]; null
   /// (the default): none. See "Variants" above.
   const float* sinks = nullptr;
+  /// ALiBi: [num_heads] finite slopes, head h's at alibi_slopes[h]; null
+  /// (the default): none. See "Variants" above.
+  const float* alibi_slopes = nullptr;
   /// How the attention computes, as attention_config::precision's attention:
   ///   f32   (the default) fp32 throughout; every contract in this file is
   ///         that of f32.
@@ -199,7 +210,7 @@ struct attention_options {
 /// stride at least the span of the axes inside it, as in every dense layout);
 /// no view addresses beyond the end of memory; q_offset + q_len, and the
 /// sizes of the mask and the probabilities, fit std::size_t; logit_softcap
-/// finite and >= 0; every sink finite; precision f32 or bf16 (and with bf16
+/// finite and >= 0; every sink and ALiBi slope finite; precision f32 or bf16 (and with bf16
 /// the sizes of dense copies of q, k and v fit std::size_t).
 KVHEAD_API void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const float> q,
                                              head_tensor<const float> k, head_tensor<const float> v,
@@ -261,10 +272,18 @@ struct rope_scaling {
   std::optional<double> attention_factor;                // yarn, longrope; unset: from mscale or factor
   double mscale = 0.0, mscale_all_dim = 0.0;             // yarn; 0: unset
   bool truncate = true;                                  // yarn
-  std::vector<double> short_factor, long_factor;         // longrope: [rotary_dim / 2] each
+  std::vector<double> short_factor{}, long_factor{};     // longrope: [rotary_dim / 2] each
   enum class longrope_pick { per_call, short_factors, long_factors };
   longrope_pick longrope_factors = longrope_pick::per_call;  // longrope
 };
+
+/// The ALiBi slopes of num_heads heads as BLOOM's and MPT's code computes
+/// them (alibi_bias_max / max_bias 8 in both): with n the largest power of two
+/// at or below num_heads, head h < n takes 2^(-max_bias (h + 1) / n), and the
+/// heads past n take the odd ones of 2n heads, 2^(-max_bias (2 k + 1) / (2n))
+/// for k = 0, 1, ... (in float, from double). num_heads >= 1 and max_bias
+/// finite and > 0, else std::invalid_argument.
+KVHEAD_API std::vector<float> alibi_slopes(std::size_t num_heads, double max_bias = 8.0);
 
 struct attention_config {
   std::size_t num_heads = 0;     // H
@@ -292,6 +311,10 @@ struct attention_config {
   /// none; else finite and > 0: each scaled score becomes
   /// cap * tanh(score / cap) before the causal mask.
   float logit_softcap = 0.0f;
+  /// ALiBi slopes, one finite slope per query head (num_heads of them), as
+  /// scaled_dot_product_attention's "Variants" say, in both forwards; empty
+  /// (the default): none. alibi_slopes() gives BLOOM's and MPT's.
+  std::vector<float> alibi_slopes{};
   /// How the layer computes (both forwards):
   ///   f32   (the default) fp32 throughout; every contract in this file is
   ///         that of f32.
@@ -378,7 +401,8 @@ class KVHEAD_API attention_layer {
   /// rope_theta, RoPE with an odd head_dim, weight sizes overflowing
   /// std::size_t, a null weight, a weight given neither or both ways
   /// (weight, weight_bf16), a logit_softcap negative or not finite, a sink
-  /// not finite, a precision other than f32 or bf16.
+  /// not finite, alibi_slopes neither empty nor num_heads finite slopes, a
+  /// precision other than f32 or bf16.
   attention_layer(const attention_config& config, const attention_weights& weights);
   ~attention_layer();
   /// A moved-from layer may be destroyed or assigned to; any other use

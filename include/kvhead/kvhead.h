@@ -148,12 +148,17 @@ typedef struct kvh_layer_options {
   int32_t kv_block_size;            /* tokens per block of the caches created from this layer: 16, 32,
                                        64, 128 or 256; 0 = 256. Every size gives the same results;
                                        a smaller one pins less memory per short sequence */
+  const float* alibi_slopes;        /* ALiBi (BLOOM, MPT, Falcon-RW, Baichuan 13B): num_heads finite slopes
+                                       (head h's at alibi_slopes[h]); each score of query position i and
+                                       key j gets slope * (j - i) (attention.hpp, "Variants"); copied
+                                       by kvh_layer_open; NULL = none */
   /* Later versions add fields here, each documented with its default. */
 } kvh_layer_options;
 
 /* The defaults: num_heads 0 (must be set), num_kv_heads 0, rope_theta 0,
    scale 0, prefix NULL, threads 0, kv_dtype KVH_KV_F32, logit_softcap 0,
-   sinks NULL, precision KVH_PRECISION_F32, sliding_window 0, kv_block_size 0;
+   sinks NULL, precision KVH_PRECISION_F32, sliding_window 0, kv_block_size 0,
+   alibi_slopes NULL;
    struct_size = the library's sizeof(kvh_layer_options). Through the macro
    below, C and C++ programs call kvh_layer_options_init_sized with their own
    sizeof. A NULL options is ignored. */

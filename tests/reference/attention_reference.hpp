@@ -3,7 +3,8 @@
 // and sinks as Hugging Face's eager attention computes them (Gemma 2:
 // scores = cap tanh(scores / cap) before the mask; gpt-oss: the sink logit
 // concatenated to each row, the max and the softmax over both, the sink's
-// column dropped), RoPE, and the whole layer. Also returns the magnitudes
+// column dropped), ALiBi (slope_h (j - i) added to each score after the cap,
+// vLLM's form of BLOOM's slope_h j), RoPE, and the whole layer. Also returns the magnitudes
 // the float error bound needs.
 #pragma once
 
@@ -34,12 +35,13 @@ struct sdpa_case {
   std::size_t window = 0;        // sliding window: key j visible only if (q_offset + i) - j < window; 0: none
   double logit_softcap = 0.0;    // > 0: soft-capping
   const float* sinks = nullptr;  // [heads] or null
+  const float* alibi_slopes = nullptr;  // [heads] or null
 };
 
 struct sdpa_result {
   std::vector<double> out;                 // [batch, heads, q_len, d]
   std::vector<double> probability;         // [batch, heads, q_len, kv_len]
-  std::vector<double> score_magnitude;     // [batch, heads, q_len]: max_j scale * sum_e |q_e k_je|
+  std::vector<double> score_magnitude;     // [batch, heads, q_len]: max_j scale * sum_e |q_e k_je| + |alibi_j|
   std::vector<double> value_magnitude;     // [batch, heads, q_len]: max over visible j, e of |v_je|
   std::vector<double> weighted_magnitude;  // [batch, heads, q_len, d]: sum_j p_j |v_je|
 };
@@ -71,10 +73,13 @@ inline sdpa_result sdpa(const sdpa_case& c, strided4 q, strided4 k, strided4 v) 
           }
           score[j] = c.scale * dot;
           if (c.logit_softcap > 0.0) score[j] = c.logit_softcap * std::tanh(score[j] / c.logit_softcap);
+          const double alibi = c.alibi_slopes ? double(c.alibi_slopes[h]) * (double(j) - double(c.q_offset + i)) : 0.0;
+          score[j] += alibi;
           score[j] += c.additive_mask ? double(c.additive_mask[i * c.kv_len + j]) : 0.0;
           if (!visible[j]) score[j] = -std::numeric_limits<double>::infinity();
           if (visible[j]) {
-            result.score_magnitude[index] = std::max(result.score_magnitude[index], std::fabs(c.scale) * magnitude);
+            result.score_magnitude[index] =
+                std::max(result.score_magnitude[index], std::fabs(c.scale) * magnitude + std::fabs(alibi));
             for (std::size_t e = 0; e < d; ++e)
               result.value_magnitude[index] = std::max(result.value_magnitude[index], std::fabs(v.at(b, g, j, e)));
           }
