@@ -178,7 +178,6 @@ std::size_t sliding_window(const config_fields& f, const std::string& type, std:
   f.fail("layer " + number(layer) + " is a sliding-window layer (layer_types) but field 'sliding_window' is null");
 }
 
-// 5. RoPE: theta, scaling and rotary_dim into `config`.
 // longrope (HF _compute_longrope_parameters): the short and long factors;
 // the original length L from rope_scaling (transformers 5), else the
 // top-level field (4.x), else Phi-3's default 4096 or
@@ -232,6 +231,7 @@ void read_longrope(const config_fields& f, const std::string& type, const json& 
   s.attention_factor = f.real_in(r, "attention_factor", label("attention_factor"));
 }
 
+// 5. RoPE: theta, scaling and rotary_dim into `config`.
 void read_rope(const config_fields& f, const std::string& type, attention_config& config) {
   const json* parameters = f.find(f.object(), "rope_parameters");
   const json* scaling = f.find(f.object(), "rope_scaling");
