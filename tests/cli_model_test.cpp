@@ -262,6 +262,10 @@ TEST_CASE("model_folder_errors") {
       fs::remove_all(folder);
     }
   }
+  SUBCASE("--alibi with a model folder") {
+    expect_model_failure(model_dir("llama_linear"), "0", exit_usage, {"--alibi cannot be given with --model"},
+                         {"--alibi", "8"});
+  }
   SUBCASE("longrope without its factors") {
     const std::string folder = copy_case(dir, "llama_linear", [&](nlohmann::json& c) {
       c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 2.0}};

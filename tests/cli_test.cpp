@@ -433,6 +433,29 @@ TEST_CASE("equals_form_matches_space_form") {
   CHECK(relative_error(io::read_npy(joined), io::read_npy(golden("gqa_causal_rope", "expected.npy"))) <= 1e-4);
 }
 
+TEST_CASE("alibi_flag_decodes_as_it_runs_and_changes_the_output") {
+  scratch_dir dir;
+  const std::vector<std::string> flags = {"--weights",  golden("gqa_causal_rope", "weights.safetensors"),
+                                          "--input",    golden("gqa_causal_rope", "input.npy"),
+                                          "--heads",    "8",
+                                          "--kv-heads", "2"};
+  const std::string plain = dir.file("plain.npy"), alibi = dir.file("alibi.npy");
+  expect_success(concat(flags, {"--causal", "--output", plain}));
+  expect_success(concat(flags, {"--causal", "--alibi", "8", "--output", alibi}));
+  CHECK(read_bytes(plain) != read_bytes(alibi));
+  for (const char* chunk : {"1", "3"}) {
+    CAPTURE(chunk);
+    const std::string decoded = dir.file(std::string("decoded-") + chunk + ".npy");
+    const cli_result result =
+        run_kvhead(concat({"decode"}, concat(flags, {"--alibi", "8", "--chunk", chunk, "--output", decoded})));
+    INFO("stderr: " << result.err);
+    CHECK(result.exit_code == 0);
+    CHECK(read_bytes(decoded) == read_bytes(alibi));
+  }
+  expect_failure(concat(flags, {"--alibi", "0"}), exit_usage, {"--alibi needs a max bias above 0"});
+  expect_failure(concat(flags, {"--alibi", "-8"}), exit_usage, {"--alibi"});
+}
+
 TEST_CASE("kv_heads_optional") {
   scratch_dir dir;
   const std::string output = dir.file("y.npy");

@@ -82,6 +82,7 @@ io::loaded_layer load_layer(const layer_job& job) {
   if (!job.model) {
     io::loaded_layer loaded = io::load_attention_layer(io::safetensors_file(job.weights), job.layer);
     loaded.config.precision = job.precision;
+    if (job.alibi_max_bias) loaded.config.alibi_slopes = alibi_slopes(loaded.config.num_heads, *job.alibi_max_bias);
     return loaded;
   }
   io::model_layer model = io::load_model_layer(*job.model, job.model_layer);
@@ -113,7 +114,7 @@ layer_job parse_layer_job(const parsed_flags& flags) {
     job.longrope = parse_named("--longrope", longrope_choices, *name).pick;
   }
   if (flags.has("--model")) {
-    for (const char* name : {"--weights", "--prefix"})
+    for (const char* name : {"--weights", "--prefix", "--alibi"})
       if (flags.has(name)) throw usage_error(std::string(name) + " cannot be given with --model");
     job.model = flags.required("--model");
     const std::optional<std::string> layer = flags.value("--layer");
@@ -134,6 +135,9 @@ layer_job parse_layer_job(const parsed_flags& flags) {
   job.layer.rope_theta = flags.non_negative_double("--rope-theta").value_or(0.0);
   job.layer.prefix = flags.value("--prefix").value_or("");
   job.layer.scale = flags.finite_float("--scale");
+  job.alibi_max_bias = flags.non_negative_double("--alibi");
+  if (job.alibi_max_bias && *job.alibi_max_bias == 0.0)
+    throw usage_error("--alibi needs a max bias above 0 (8: BLOOM's)");
   return job;
 }
 
@@ -233,6 +237,8 @@ std::string layer_job_help(const char* causal_line) {
   text +=
       "  --rope-theta T  RoPE base (Hugging Face Llama rotate_half, positions from 0); 0, the\n"
       "                  default, means no RoPE; T > 0 needs an even d.\n"
+      "  --alibi B       ALiBi with BLOOM's and MPT's slopes of max bias B (8 in both): head h's\n"
+      "                  scores plus slope_h * (j - i); not with --model. README, Model folders.\n"
       "  --prefix P      prepended verbatim to every tensor name, e.g. model.layers.0.self_attn.\n"
       "  --scale S       multiplies q.k; default 1/sqrt(d). Must be finite.\n"
       "  --threads N     run in a oneTBB task arena of N threads, 1 to 1024; default: the\n"
@@ -263,7 +269,8 @@ std::string layer_job_help(const char* causal_line) {
       "  2  usage error: unknown flag, missing required flag, flag given twice or missing its\n"
       "     value, a value that is not a number, a count <= 0 (or --threads > 1024), a\n"
       "     non-finite --scale, a negative or non-finite --rope-theta, an unknown --precision,\n"
-      "     --longrope without --model, an unknown one, or for a model without longrope.\n"
+      "     --longrope without --model, an unknown one, or for a model without longrope, an\n"
+      "     --alibi not above 0 or with --model.\n"
       "\n"
       "environment:\n"
       "  KVHEAD_ISA=amx|avx512bf16|avx512|avx2|sse2\n"

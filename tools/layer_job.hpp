@@ -29,7 +29,7 @@ namespace kvhead::tools {
 inline constexpr flag_spec layer_job_flags[] = {
     {"--weights", true}, {"--input", true},      {"--output", true},    {"--heads", true},    {"--kv-heads", true},
     {"--causal", false}, {"--rope-theta", true}, {"--prefix", true},    {"--scale", true},    {"--threads", true},
-    {"--model", true},   {"--layer", true},      {"--precision", true}, {"--longrope", true},
+    {"--model", true},   {"--layer", true},      {"--precision", true}, {"--longrope", true}, {"--alibi", true},
 };
 
 /// --longrope's choices (rope_scaling::longrope_factors) as the flag names them.
@@ -59,6 +59,7 @@ struct layer_job {
   std::size_t threads = 1;
   kvhead::precision precision = kvhead::precision::f32;  // --precision
   std::optional<rope_scaling::longrope_pick> longrope;   // --longrope (with --model)
+  std::optional<double> alibi_max_bias;                  // --alibi (with --weights): BLOOM's and MPT's slopes
 };
 
 /// The options of layer_job_flags; throws usage_error.
