@@ -60,10 +60,6 @@ void validate_per_head(const char* where, const char* name, const float* values,
     });
 }
 
-void validate_sinks(const char* where, const float* sinks, std::size_t num_heads) {
-  validate_per_head(where, "sinks", sinks, num_heads);
-}
-
 void validate_precision(const char* where, precision value) {
   engine::require(value == precision::f32 || value == precision::bf16, [&] {
     return std::string(where) + ": precision must be f32 or bf16, got " + std::to_string(int(value));
@@ -195,7 +191,7 @@ void scaled_dot_product_attention(const attention_dims& dims, head_tensor<const 
            engine::checked_product({dims.batch, dims.num_kv_heads, dims.kv_len, dims.head_dim, sizeof(float)})),
       [&] { return std::string("scaled_dot_product_attention: the bf16 copies of q, k and v overflow std::size_t"); });
   if (empty_queries) return;
-  validate_sinks("scaled_dot_product_attention", options.sinks, dims.num_heads);
+  validate_per_head("scaled_dot_product_attention", "sinks", options.sinks, dims.num_heads);
   validate_per_head("scaled_dot_product_attention", "alibi_slopes", options.alibi_slopes, dims.num_heads);
   validate_views(dims, q, k, v, out);
 
@@ -396,7 +392,7 @@ attention_layer::impl::impl(const attention_config& checked, const attention_wei
       o_proj(checked.num_heads * checked.head_dim, {{"o_proj", weights.o_proj, checked.d_model}}, checked.precision),
       rotary(checked.head_dim, checked.rotary_dim, checked.rope_theta, checked.rope_scaling),
       norm(make_qk_norm(checked, weights)) {
-  validate_sinks("attention_layer", weights.sinks, checked.num_heads);
+  validate_per_head("attention_layer", "sinks", weights.sinks, checked.num_heads);
   if (weights.sinks != nullptr) sinks.assign(weights.sinks, weights.sinks + checked.num_heads);
 }
 
